@@ -1,0 +1,365 @@
+"""Every event type, its class (ephemeral | enduring), scope and identity profile, in one place.
+
+Events are msgspec Structs tagged by ``"type"`` (the class name). The header fields are flattened
+into every event (``loop_id``, ``turn_id``, ...), exactly as they appear on the wire.
+
+* Ephemeral events travel on core subjects (``lw.live.<loop_id>.<Type>``) and may be dropped.
+* Enduring events go only through the committer into JetStream and are never lost.
+
+The classification lives in :data:`CLASSIFICATION` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from shared.content import AIMessage, Message, Usage, UserMessage
+
+
+class Class(StrEnum):
+    EPHEMERAL = "ephemeral"
+    ENDURING = "enduring"
+
+
+class Scope(StrEnum):
+    LOOP = "loop"
+    SESSION = "session"
+
+
+class Profile(StrEnum):
+    """Which identity coordinates an event must (and must not) carry."""
+
+    LOOP = "loop"  # loop_id; no turn/step/tool ids
+    TURN = "turn"  # loop_id + turn_id; no step/tool ids
+    STEP = "step"  # loop_id + turn_id + step_id; no tool id
+    TOOL = "tool"  # loop_id + turn_id + step_id + tool_execution_id
+    GATE = "gate"  # like STEP; tool_execution_id optional (the gated call)
+
+
+# --- header -------------------------------------------------------------------------------------
+
+
+class Cause(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """What caused an event: the client command, an earlier event, or a tool execution."""
+
+    command_id: str = ""
+    event_id: str = ""
+    tool_execution_id: str = ""
+
+
+class Event(msgspec.Struct, tag_field="type", tag=True, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """Base of every event; the header fields are flattened into the event itself."""
+
+    loop_id: str = ""
+    turn_id: str = ""
+    step_id: str = ""
+    tool_execution_id: str = ""
+    session_id: str = ""
+    event_id: str = ""
+    created_at: str = ""
+    cause: Cause | None = None
+    # Envelope schema version. The codec writes it explicitly; v > 1 is refused on decode.
+    v: int = 1
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+POLICY_EFFECTS: Final = ("allow", "deny", "ask")
+TURN_FAILED_KINDS: Final = ("empty_response", "tool_limit", "model_error", "turn_panic", "unknown")
+GATE_KINDS: Final = ("permission", "user_input")
+GATE_ACTIONS: Final = ("approve", "approve_always", "deny", "reply", "abandoned")
+PERMISSION_EFFECTS: Final = ("approve", "deny")
+PERMISSION_REASONS: Final = ("policy_allow", "policy_deny", "always_allowed", "gate_approved", "gate_denied")
+
+
+class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """Per-loop limits (seed defaults). ``max_result_bytes`` 0 = unbounded, else ≥ 256."""
+
+    max_iterations: int = 25
+    max_calls_per_turn: int = 100
+    max_parallel: int = 8
+    max_result_bytes: int = 0
+    max_tokens: int = 0  # 0 = provider default
+
+
+class TurnError(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    kind: str = "unknown"
+    message: str = ""
+
+
+class RawToolUse(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """The executable view of one tool use: the bytes the model sent, before sanitisation."""
+
+    id: str = ""
+    name: str = ""
+    input: str = ""
+    # Set when the id was missing or repeated and loopwire minted one (the call never runs).
+    minted_id: bool = False
+
+
+class Decision(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """A per-call authorisation decision taken before anything runs."""
+
+    tool_use_id: str = ""
+    tool_execution_id: str = ""
+    effect: str = ""  # approve | deny | ask
+    reason: str = ""
+
+
+class SuspendedStep(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """A step parked at a gate: enough to continue it without calling the model again."""
+
+    message: AIMessage = msgspec.field(default_factory=AIMessage)
+    calls: list[RawToolUse] = msgspec.field(default_factory=list)
+    decisions: list[Decision] = msgspec.field(default_factory=list)
+    iteration: int = 0
+    calls_so_far: int = 0
+
+
+class Gate(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    id: str = ""
+    kind: str = ""  # permission | user_input
+    controls: list[str] = msgspec.field(default_factory=list)
+    tool_use_id: str = ""
+    tool_name: str = ""
+    step: SuspendedStep | None = None
+
+
+class PermissionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    gate_id: str = ""
+    tool_name: str = ""
+    summary: str = ""
+
+
+class Chunk(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """One streamed model fragment. ``kind``: text | refusal | thinking | signature | tool_use."""
+
+    kind: str = "text"
+    text: str = ""
+    index: int = 0
+    id: str = ""
+    name: str = ""
+
+
+# --- loop lifecycle (enduring) ------------------------------------------------------------------
+
+
+class LoopStarted(Event):
+    model: str = ""
+    system: str = ""
+    tools: list[str] | None = None  # allow-list; None = every live tool
+    policy: dict[str, str] = msgspec.field(default_factory=dict)
+    default_policy: str = "allow"
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class InputSubmitted(Event):
+    message: UserMessage = msgspec.field(default_factory=UserMessage)
+
+
+class LoopIdle(Event):
+    pass
+
+
+class LoopClosed(Event):
+    pass
+
+
+# --- turns (enduring; the three terminals end a turn) -------------------------------------------
+
+
+class TurnStarted(Event):
+    turn_index: int = 0
+    message: UserMessage = msgspec.field(default_factory=UserMessage)
+
+
+class TurnFoldedInto(Event):
+    turn_index: int = 0
+    message: UserMessage = msgspec.field(default_factory=UserMessage)
+
+
+class StepDone(Event):
+    messages: list[Message] = msgspec.field(default_factory=list)
+
+
+class TurnDone(Event):
+    turn_index: int = 0
+    message: AIMessage | None = None
+    usage: Usage | None = None
+
+
+class TurnFailed(Event):
+    turn_index: int = 0
+    err: TurnError = msgspec.field(default_factory=TurnError)
+
+
+class TurnInterrupted(Event):
+    turn_index: int = 0
+    reason: str = ""
+
+
+# --- permission and user-input gates (enduring) -------------------------------------------------
+
+
+class PermissionRequested(Event):
+    request: PermissionRequest = msgspec.field(default_factory=PermissionRequest)
+
+
+class PermissionDecided(Event):
+    tool_name: str = ""
+    effect: str = ""  # approve | deny
+    reason: str = ""
+
+
+class UserInputRequested(Event):
+    gate_id: str = ""
+    question: str = ""
+    choices: list[str] = msgspec.field(default_factory=list)
+
+
+class GateOpened(Event):
+    gate: Gate = msgspec.field(default_factory=Gate)
+
+
+class GateResolved(Event):
+    gate_id: str = ""
+    action: str = ""  # approve | approve_always | deny | reply | abandoned
+    text: str = ""
+    reason: str = ""
+    resolver: str = ""
+
+
+# --- live only (ephemeral) ----------------------------------------------------------------------
+
+
+class TokenDelta(Event):
+    turn_index: int = 0
+    chunk: Chunk = msgspec.field(default_factory=Chunk)
+
+
+class ToolCallStarted(Event):
+    tool_name: str = ""
+    tool_use_id: str = ""
+    summary: str = ""
+
+
+class ToolCallCompleted(Event):
+    tool_use_id: str = ""
+    is_error: bool = False
+    result_preview: str = ""
+    duration_ms: int = 0
+
+
+class ToolCallProgress(Event):
+    message: str = ""
+
+
+AnyEvent = (
+    LoopStarted
+    | InputSubmitted
+    | LoopIdle
+    | LoopClosed
+    | TurnStarted
+    | TurnFoldedInto
+    | StepDone
+    | TurnDone
+    | TurnFailed
+    | TurnInterrupted
+    | PermissionRequested
+    | PermissionDecided
+    | UserInputRequested
+    | GateOpened
+    | GateResolved
+    | TokenDelta
+    | ToolCallStarted
+    | ToolCallCompleted
+    | ToolCallProgress
+)
+
+_E, _P = Class.ENDURING, Class.EPHEMERAL
+
+# The one place where every event type is classified: (class, scope, identity profile, ends_turn).
+CLASSIFICATION: Final[dict[type[Event], tuple[Class, Scope, Profile, bool]]] = {
+    LoopStarted: (_E, Scope.LOOP, Profile.LOOP, False),
+    InputSubmitted: (_E, Scope.LOOP, Profile.LOOP, False),
+    LoopIdle: (_E, Scope.LOOP, Profile.LOOP, False),
+    LoopClosed: (_E, Scope.LOOP, Profile.LOOP, False),
+    TurnStarted: (_E, Scope.LOOP, Profile.TURN, False),
+    TurnFoldedInto: (_E, Scope.LOOP, Profile.TURN, False),
+    StepDone: (_E, Scope.LOOP, Profile.STEP, False),
+    TurnDone: (_E, Scope.LOOP, Profile.TURN, True),
+    TurnFailed: (_E, Scope.LOOP, Profile.TURN, True),
+    TurnInterrupted: (_E, Scope.LOOP, Profile.TURN, True),
+    PermissionRequested: (_E, Scope.LOOP, Profile.TOOL, False),
+    PermissionDecided: (_E, Scope.LOOP, Profile.TOOL, False),
+    UserInputRequested: (_E, Scope.LOOP, Profile.TOOL, False),
+    GateOpened: (_E, Scope.LOOP, Profile.GATE, False),
+    GateResolved: (_E, Scope.LOOP, Profile.GATE, False),
+    TokenDelta: (_P, Scope.LOOP, Profile.STEP, False),
+    ToolCallStarted: (_P, Scope.LOOP, Profile.TOOL, False),
+    ToolCallCompleted: (_P, Scope.LOOP, Profile.TOOL, False),
+    ToolCallProgress: (_P, Scope.LOOP, Profile.TOOL, False),
+}
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.__name__: cls for cls in CLASSIFICATION}
+ENDURING_TYPES: Final = frozenset(n for n, c in EVENT_TYPES.items() if CLASSIFICATION[c][0] is _E)
+EPHEMERAL_TYPES: Final = frozenset(n for n, c in EVENT_TYPES.items() if CLASSIFICATION[c][0] is _P)
+
+
+def _cls(event: Event | type[Event]) -> type[Event]:
+    return event if isinstance(event, type) else type(event)
+
+
+def event_class(event: Event | type[Event]) -> Class:
+    return CLASSIFICATION[_cls(event)][0]
+
+
+def event_scope(event: Event | type[Event]) -> Scope:
+    return CLASSIFICATION[_cls(event)][1]
+
+
+def event_profile(event: Event | type[Event]) -> Profile:
+    return CLASSIFICATION[_cls(event)][2]
+
+
+def ends_turn(event: Event | type[Event]) -> bool:
+    """True only for TurnDone, TurnFailed and TurnInterrupted."""
+    return CLASSIFICATION[_cls(event)][3]
+
+
+def type_name(event: Event | type[Event]) -> str:
+    return _cls(event).__name__
+
+
+# --- factories ----------------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+EvT = TypeVar("EvT", bound=Event)
+
+
+def stamp(event: EvT) -> EvT:
+    """Mint ``event_id`` and ``created_at`` on an enduring event where they are still empty."""
+    if event_class(event) is Class.ENDURING:
+        if not event.event_id:
+            event.event_id = new_id()
+        if not event.created_at:
+            event.created_at = now_rfc3339()
+    return event
+
+
+def make(cls: type[EvT], **fields: Any) -> EvT:
+    """Build an event; enduring ones get a fresh event_id and created_at."""
+    return stamp(cls(**fields))

@@ -1,0 +1,112 @@
+"""Configuration from the environment (``LW_*``). One place lists every variable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Final
+
+from shared.subjects import Names
+
+# Every variable the code reads, with its meaning (the README's configuration table mirrors this).
+ENV_VARS: Final[dict[str, str]] = {
+    "LW_NATS_URL": "NATS server URL(s), comma-separated (default nats://127.0.0.1:4222)",
+    "LW_NATS_USER": "NATS user name (with LW_NATS_PASSWORD)",
+    "LW_NATS_PASSWORD": "NATS password",
+    "LW_NATS_CREDS": "path of a NATS .creds file",
+    "LW_NATS_TLS_CA": "CA bundle to verify the server's TLS certificate",
+    "LW_NATS_TLS_CERT": "client certificate for mutual TLS",
+    "LW_NATS_TLS_KEY": "client key for mutual TLS",
+    "LW_NATS_INBOX_PREFIX": "private inbox prefix for this identity (default _INBOX)",
+    "LW_PREFIX": "subject prefix and stream/bucket name prefix (default lw)",
+    "LW_REPLICAS": "replicas of every stream and bucket: 1 or 3 (default 1)",
+    "LW_MAX_RECORD_BYTES": "largest durable record in bytes (default 1048576)",
+    "LW_COMMIT_RETRY_SECONDS": "how long the committer retries an unavailable JetStream (default 10)",
+    "LW_DUPLICATE_WINDOW_SECONDS": "history stream de-duplication window (default 120)",
+    "LW_MODEL": "default model of new loops: demo, scripted:PATH, openai:NAME, anthropic:NAME",
+    "LW_MODEL_STEP_CONCURRENCY": "loops one model-step replica drives at once (default 16)",
+    "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 30)",
+    "LW_TOOL_ROOT": "root directory of read_file / list_dir (default the current directory)",
+    "LW_HTTP_ALLOW": "comma-separated hosts http_get may reach (default loopback only)",
+    "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
+    "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
+    "LW_LOG_LEVEL": "log level of services (default INFO)",
+}
+
+
+def _get(env: Mapping[str, str], name: str, default: str) -> str:
+    value = env.get(name, "").strip()
+    return value or default
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    nats_urls: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    nats_user: str = ""
+    nats_password: str = field(default="", repr=False)
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+    nats_inbox_prefix: str = "_INBOX"
+    prefix: str = "lw"
+    replicas: int = 1
+    max_record_bytes: int = 1024 * 1024
+    commit_retry_seconds: float = 10.0
+    duplicate_window_seconds: float = 120.0
+    model: str = "demo"
+    model_step_concurrency: int = 16
+    lease_ttl_seconds: float = 30.0
+    tool_root: str = "."
+    http_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
+    tool_timeout_seconds: float = 60.0
+    heartbeat_seconds: float = 1.0
+    log_level: str = "INFO"
+
+    @property
+    def names(self) -> Names:
+        return Names(self.prefix)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        e = os.environ if env is None else env
+        d = cls()
+        urls = tuple(u.strip() for u in _get(e, "LW_NATS_URL", ",".join(d.nats_urls)).split(",") if u.strip())
+        replicas = int(_get(e, "LW_REPLICAS", str(d.replicas)))
+        if replicas not in (1, 3):
+            raise ValueError(f"LW_REPLICAS must be 1 or 3, got {replicas}")
+        s = cls(
+            nats_urls=urls,
+            nats_user=_get(e, "LW_NATS_USER", ""),
+            nats_password=_get(e, "LW_NATS_PASSWORD", ""),
+            nats_creds=_get(e, "LW_NATS_CREDS", ""),
+            nats_tls_ca=_get(e, "LW_NATS_TLS_CA", ""),
+            nats_tls_cert=_get(e, "LW_NATS_TLS_CERT", ""),
+            nats_tls_key=_get(e, "LW_NATS_TLS_KEY", ""),
+            nats_inbox_prefix=_get(e, "LW_NATS_INBOX_PREFIX", d.nats_inbox_prefix),
+            prefix=_get(e, "LW_PREFIX", d.prefix),
+            replicas=replicas,
+            max_record_bytes=int(_get(e, "LW_MAX_RECORD_BYTES", str(d.max_record_bytes))),
+            commit_retry_seconds=float(_get(e, "LW_COMMIT_RETRY_SECONDS", str(d.commit_retry_seconds))),
+            duplicate_window_seconds=float(_get(e, "LW_DUPLICATE_WINDOW_SECONDS", str(d.duplicate_window_seconds))),
+            model=_get(e, "LW_MODEL", d.model),
+            model_step_concurrency=int(_get(e, "LW_MODEL_STEP_CONCURRENCY", str(d.model_step_concurrency))),
+            lease_ttl_seconds=float(_get(e, "LW_LEASE_TTL_SECONDS", str(d.lease_ttl_seconds))),
+            tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
+            http_allow=tuple(
+                h.strip() for h in _get(e, "LW_HTTP_ALLOW", ",".join(d.http_allow)).split(",") if h.strip()
+            ),
+            tool_timeout_seconds=float(_get(e, "LW_TOOL_TIMEOUT_SECONDS", str(d.tool_timeout_seconds))),
+            heartbeat_seconds=float(_get(e, "LW_HEARTBEAT_SECONDS", str(d.heartbeat_seconds))),
+            log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
+        )
+        if overrides:
+            known = {f.name for f in fields(cls)}
+            bad = set(overrides) - known
+            if bad:
+                raise TypeError(f"unknown settings: {sorted(bad)}")
+            values = {f.name: getattr(s, f.name) for f in fields(cls)}
+            values.update(overrides)
+            s = cls(**values)
+        return s

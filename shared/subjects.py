@@ -1,0 +1,135 @@
+"""Every NATS subject, stream, bucket, queue group and header name loopwire uses.
+
+Nothing else in the code base spells these; build them from a :class:`Names` (the prefix comes
+from ``LW_PREFIX``, default ``lw``, so several deployments can share one NATS server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# Loop API verbs (binding).
+VERBS: Final = ("start", "input", "interrupt", "answer", "close")
+
+# Queue groups.
+COMMITTER_QUEUE: Final = "committer"
+
+# Headers on tool calls (binding, design section 6).
+H_LOOP_ID: Final = "Lw-Loop-Id"
+H_TURN_ID: Final = "Lw-Turn-Id"
+H_STEP_ID: Final = "Lw-Step-Id"
+H_TOOL_USE_ID: Final = "Lw-Tool-Use-Id"
+H_EXECUTION_ID: Final = "Lw-Execution-Id"
+H_IDEMPOTENCY_KEY: Final = "Lw-Idempotency-Key"
+H_DEADLINE: Final = "Lw-Deadline"
+H_TRACEPARENT: Final = "traceparent"
+# Tool replies: "progress" (heartbeat) or "result"; a worker error carries "error".
+H_REPLY_KIND: Final = "Lw-Reply"
+H_WORKER_ID: Final = "Lw-Worker-Id"
+
+# JetStream headers.
+H_MSG_ID: Final = "Nats-Msg-Id"
+H_EXPECTED_LAST_SUBJECT_SEQ: Final = "Nats-Expected-Last-Subject-Sequence"
+H_EXPECTED_STREAM: Final = "Nats-Expected-Stream"
+H_BATCH_ID: Final = "Nats-Batch-Id"
+H_BATCH_SEQ: Final = "Nats-Batch-Sequence"
+H_BATCH_COMMIT: Final = "Nats-Batch-Commit"
+H_SEQUENCE: Final = "Nats-Sequence"
+H_SUBJECT: Final = "Nats-Subject"
+H_NUM_PENDING: Final = "Nats-Num-Pending"
+H_LAST_SEQUENCE: Final = "Nats-Last-Sequence"
+H_STATUS: Final = "Status"
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Subjects, streams and buckets for one deployment prefix."""
+
+    prefix: str = "lw"
+
+    # --- streams and buckets
+    @property
+    def history_stream(self) -> str:
+        return f"{self.prefix.upper()}_HISTORY"
+
+    @property
+    def work_stream(self) -> str:
+        return f"{self.prefix.upper()}_WORK"
+
+    @property
+    def tools_bucket(self) -> str:
+        return f"{self.prefix}_tools"
+
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.prefix}_leases"
+
+    @property
+    def memory_bucket(self) -> str:
+        return f"{self.prefix}_memory"
+
+    # --- history
+    def hist(self, loop_id: str) -> str:
+        return f"{self.prefix}.hist.{loop_id}"
+
+    @property
+    def hist_all(self) -> str:
+        return f"{self.prefix}.hist.>"
+
+    def loop_of_hist(self, subject: str) -> str:
+        return subject[len(self.prefix) + len(".hist.") :]
+
+    # --- live ephemeral events
+    def live(self, loop_id: str, event_type: str) -> str:
+        return f"{self.prefix}.live.{loop_id}.{event_type}"
+
+    def live_loop(self, loop_id: str) -> str:
+        return f"{self.prefix}.live.{loop_id}.*"
+
+    @property
+    def live_all(self) -> str:
+        return f"{self.prefix}.live.>"
+
+    # --- committer
+    def commit(self, loop_id: str) -> str:
+        return f"{self.prefix}.commit.{loop_id}"
+
+    @property
+    def commit_all(self) -> str:
+        return f"{self.prefix}.commit.*"
+
+    def api(self, loop_id: str, verb: str) -> str:
+        return f"{self.prefix}.api.{loop_id}.{verb}"
+
+    @property
+    def api_all(self) -> str:
+        return f"{self.prefix}.api.*.*"
+
+    # --- work signal
+    def work(self, loop_id: str) -> str:
+        return f"{self.prefix}.work.{loop_id}"
+
+    @property
+    def work_all(self) -> str:
+        return f"{self.prefix}.work.>"
+
+    def loop_of_work(self, subject: str) -> str:
+        return subject[len(self.prefix) + len(".work.") :]
+
+    @property
+    def work_consumer(self) -> str:
+        return f"{self.prefix}_model_step"
+
+    # --- tools
+    def tool(self, name: str) -> str:
+        return f"{self.prefix}.tool.{name}"
+
+    def tool_queue(self, name: str) -> str:
+        return f"tool_{name}"
+
+    def toolctl(self, execution_id: str) -> str:
+        return f"{self.prefix}.toolctl.{execution_id}"
+
+
+DEFAULT_NAMES: Final = Names()

@@ -1,0 +1,357 @@
+"""``validate_event``: the rules every event must meet at the durable boundary.
+
+The first violation wins, in this order: known type, event_id / created_at (enduring only),
+identity profile (loop ▸ turn ▸ step ▸ tool), StepID ⇒ TurnID, then the body rules. Field names
+in errors are the JSON field names. Validation is defensive: events built by hand with values of
+the wrong Python type are reported, never crash.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+from shared import events as ev
+from shared.content import (
+    AIMessage,
+    ImageBlock,
+    RefusalBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultMessage,
+    ToolUseBlock,
+    UserMessage,
+)
+from shared.errors import InvalidEventError, Rule
+from shared.events import Class, Event, Profile
+from shared.strictjson import is_strict
+
+__all__ = ["InvalidEventError", "Rule", "is_uuid", "validate_event"]
+
+_UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+_RFC3339_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})\Z")
+
+SUMMARY_MAX_BYTES: Final = 1024
+PREVIEW_MAX_BYTES: Final = 2048
+PREVIEW_MAX_LINES: Final = 20
+MAX_STEP_MESSAGES: Final = 10_000
+TOOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+
+
+def is_uuid(value: object) -> bool:
+    """Canonical lowercase 8-4-4-4-12 UUID string."""
+    return isinstance(value, str) and _UUID_RE.match(value) is not None
+
+
+def _fail(event: str, field: str, rule: Rule) -> InvalidEventError:
+    return InvalidEventError(event, field, rule.value)
+
+
+def _check_id(name: str, field: str, value: object, *, required: bool) -> None:
+    if not isinstance(value, str):
+        raise _fail(name, field, Rule.INVALID)
+    if not value:
+        if required:
+            raise _fail(name, field, Rule.REQUIRED)
+        return
+    if not required:
+        raise _fail(name, field, Rule.MUST_BE_ZERO)
+    if not is_uuid(value):
+        raise _fail(name, field, Rule.INVALID)
+
+
+def _check_optional_id(name: str, field: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise _fail(name, field, Rule.INVALID)
+    if value and not is_uuid(value):
+        raise _fail(name, field, Rule.INVALID)
+
+
+def validate_event(e: object) -> None:
+    """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise."""
+    cls = type(e)
+    if not isinstance(e, Event) or cls not in ev.CLASSIFICATION:
+        raise _fail(getattr(cls, "__name__", "?"), "type", Rule.UNKNOWN_TYPE)
+    name = cls.__name__
+    klass, _scope, profile, _ends = ev.CLASSIFICATION[cls]
+
+    if klass is Class.ENDURING:
+        if not e.event_id:
+            raise _fail(name, "event_id", Rule.REQUIRED)
+        if not is_uuid(e.event_id):
+            raise _fail(name, "event_id", Rule.INVALID)
+        if not isinstance(e.created_at, str) or not e.created_at:
+            raise _fail(name, "created_at", Rule.REQUIRED)
+        if not _RFC3339_RE.match(e.created_at):
+            raise _fail(name, "created_at", Rule.INVALID)
+    else:
+        _check_optional_id(name, "event_id", e.event_id)
+    if e.v != 1:
+        raise _fail(name, "v", Rule.INVALID)
+
+    # identity profile: session (optional everywhere) ▸ loop ▸ turn ▸ step ▸ tool
+    _check_optional_id(name, "session_id", e.session_id)
+    _check_id(name, "loop_id", e.loop_id, required=True)
+    if isinstance(e.step_id, str) and e.step_id and not e.turn_id:
+        raise _fail(name, "turn_id", Rule.REQUIRED)  # StepID requires TurnID
+    _check_id(name, "turn_id", e.turn_id, required=profile is not Profile.LOOP)
+    _check_id(name, "step_id", e.step_id, required=profile in (Profile.STEP, Profile.TOOL, Profile.GATE))
+    if profile is Profile.GATE:
+        _check_optional_id(name, "tool_execution_id", e.tool_execution_id)
+    else:
+        _check_id(name, "tool_execution_id", e.tool_execution_id, required=profile is Profile.TOOL)
+    if e.cause is not None:
+        if not isinstance(e.cause, ev.Cause):
+            raise _fail(name, "cause", Rule.INVALID)
+        for f in ("command_id", "event_id", "tool_execution_id"):
+            v = getattr(e.cause, f)
+            if not isinstance(v, str) or len(v) > 128:
+                raise _fail(name, "cause", Rule.INVALID)
+
+    check = _BODY_RULES.get(cls)
+    if check is not None:
+        check(name, e)
+
+
+# --- body rules -----------------------------------------------------------------------------------
+
+
+def _require_cause_command(name: str, e: Event) -> None:
+    if e.cause is None or not e.cause.command_id:
+        raise _fail(name, "cause", Rule.REQUIRED)
+
+
+def _check_limits(name: str, limits: object) -> None:
+    if not isinstance(limits, ev.Limits):
+        raise _fail(name, "limits", Rule.INVALID)
+    for f in ("max_iterations", "max_calls_per_turn", "max_parallel"):
+        v = getattr(limits, f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v > 1_000_000:
+            raise _fail(name, "limits", Rule.INVALID)
+    rb = limits.max_result_bytes
+    if not isinstance(rb, int) or isinstance(rb, bool) or rb < 0 or 0 < rb < 256:
+        raise _fail(name, "limits", Rule.INVALID)
+    if not isinstance(limits.max_tokens, int) or limits.max_tokens < 0:
+        raise _fail(name, "limits", Rule.INVALID)
+
+
+def _loop_started(name: str, e: Event) -> None:
+    assert isinstance(e, ev.LoopStarted)
+    if not isinstance(e.model, str) or len(e.model) > 512:
+        raise _fail(name, "model", Rule.INVALID)
+    if not isinstance(e.system, str):
+        raise _fail(name, "system", Rule.INVALID)
+    if e.tools is not None and (
+        not isinstance(e.tools, list) or not all(isinstance(t, str) and TOOL_NAME_RE.match(t) for t in e.tools)
+    ):
+        raise _fail(name, "tools", Rule.INVALID)
+    if not isinstance(e.policy, dict) or not all(
+        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.match(k)) and v in ev.POLICY_EFFECTS
+        for k, v in e.policy.items()
+    ):
+        raise _fail(name, "policy", Rule.INVALID)
+    if e.default_policy not in ev.POLICY_EFFECTS:
+        raise _fail(name, "default_policy", Rule.INVALID)
+    _check_limits(name, e.limits)
+
+
+def _user_message(name: str, field: str, message: object) -> None:
+    if type(message) is not UserMessage or not _blocks_ok(message):
+        raise _fail(name, field, Rule.INVALID)
+    if not message.blocks:
+        raise _fail(name, field, Rule.REQUIRED)
+
+
+def _input_submitted(name: str, e: Event) -> None:
+    assert isinstance(e, ev.InputSubmitted)
+    _require_cause_command(name, e)
+    _user_message(name, "message", e.message)
+
+
+def _turn_index(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _fail(name, "turn_index", Rule.INVALID)
+
+
+def _turn_started(name: str, e: Event) -> None:
+    assert isinstance(e, ev.TurnStarted | ev.TurnFoldedInto)
+    _turn_index(name, e.turn_index)
+    _user_message(name, "message", e.message)
+
+
+def _blocks_ok(message: object) -> bool:
+    """Blocks are known block structs, and every tool_use input is strict JSON."""
+    blocks = getattr(message, "blocks", None)
+    if blocks is None:
+        return True
+    if not isinstance(blocks, list):
+        return False
+    for b in blocks:
+        if isinstance(b, ToolUseBlock):
+            if not isinstance(b.id, str) or not isinstance(b.name, str) or not isinstance(b.input, msgspec.Raw):
+                return False
+            if not is_strict(bytes(b.input)):
+                return False
+        elif isinstance(b, TextBlock | RefusalBlock):
+            if not isinstance(b.text, str):
+                return False
+        elif isinstance(b, ThinkingBlock):
+            if not isinstance(b.thinking, str) or not isinstance(b.signature, str):
+                return False
+        elif not isinstance(b, ImageBlock):
+            return False
+    return True
+
+
+def step_group_ok(messages: object) -> bool:
+    """The StepDone group rule: [assistant AIMessage] + one tool-role ToolResultMessage per tool use.
+
+    Each result's tool_use_id answers a distinct, non-empty tool_use id of element 0, exactly once
+    and in order; with no tool use, the group is the AIMessage alone.
+    """
+    if not isinstance(messages, list) or not messages or len(messages) > MAX_STEP_MESSAGES:
+        return False
+    head = messages[0]
+    if type(head) is not AIMessage or not _blocks_ok(head):
+        return False
+    ids = [b.id for b in (head.blocks or ()) if isinstance(b, ToolUseBlock)]
+    if any(not i for i in ids) or len(set(ids)) != len(ids):
+        return False
+    results = messages[1:]
+    if len(results) != len(ids):
+        return False
+    for want, m in zip(ids, results, strict=True):
+        if type(m) is not ToolResultMessage or not _blocks_ok(m):
+            return False
+        if not isinstance(m.is_error, bool) or m.tool_use_id != want:
+            return False
+    return True
+
+
+def _step_done(name: str, e: Event) -> None:
+    assert isinstance(e, ev.StepDone)
+    if not step_group_ok(e.messages):
+        raise _fail(name, "messages", Rule.INVALID)
+
+
+def _turn_done(name: str, e: Event) -> None:
+    assert isinstance(e, ev.TurnDone)
+    _turn_index(name, e.turn_index)
+    if e.message is not None and (type(e.message) is not AIMessage or not _blocks_ok(e.message)):
+        raise _fail(name, "message", Rule.INVALID)
+    # usage is deliberately not checked for consistency: a divergent count never loses a turn.
+
+
+def _turn_failed(name: str, e: Event) -> None:
+    assert isinstance(e, ev.TurnFailed)
+    _turn_index(name, e.turn_index)
+    if not isinstance(e.err, ev.TurnError) or e.err.kind not in ev.TURN_FAILED_KINDS:
+        raise _fail(name, "err", Rule.INVALID)
+    if not isinstance(e.err.message, str):
+        raise _fail(name, "err", Rule.INVALID)
+
+
+def _turn_interrupted(name: str, e: Event) -> None:
+    assert isinstance(e, ev.TurnInterrupted)
+    _turn_index(name, e.turn_index)
+
+
+def _permission_requested(name: str, e: Event) -> None:
+    assert isinstance(e, ev.PermissionRequested)
+    r = e.request
+    if not isinstance(r, ev.PermissionRequest) or not is_uuid(r.gate_id) or not r.tool_name:
+        raise _fail(name, "request", Rule.INVALID)
+
+
+def _permission_decided(name: str, e: Event) -> None:
+    assert isinstance(e, ev.PermissionDecided)
+    if e.effect not in ev.PERMISSION_EFFECTS:
+        raise _fail(name, "effect", Rule.INVALID)
+    if e.reason not in ev.PERMISSION_REASONS:
+        raise _fail(name, "reason", Rule.INVALID)
+
+
+def _user_input_requested(name: str, e: Event) -> None:
+    assert isinstance(e, ev.UserInputRequested)
+    if not is_uuid(e.gate_id):
+        raise _fail(name, "gate_id", Rule.INVALID)
+    if not isinstance(e.question, str) or not e.question.strip():
+        raise _fail(name, "question", Rule.REQUIRED)
+    if not isinstance(e.choices, list) or not all(isinstance(c, str) for c in e.choices):
+        raise _fail(name, "choices", Rule.INVALID)
+
+
+def _gate_opened(name: str, e: Event) -> None:
+    assert isinstance(e, ev.GateOpened)
+    g = e.gate
+    if not isinstance(g, ev.Gate) or not is_uuid(g.id) or g.kind not in ev.GATE_KINDS:
+        raise _fail(name, "gate", Rule.INVALID)
+    if not isinstance(g.controls, list) or not all(c in ev.GATE_ACTIONS for c in g.controls):
+        raise _fail(name, "gate", Rule.INVALID)
+    s = g.step
+    if s is not None and (
+        not isinstance(s, ev.SuspendedStep)
+        or type(s.message) is not AIMessage
+        or not _blocks_ok(s.message)
+        or not isinstance(s.calls, list)
+        or not all(isinstance(c, ev.RawToolUse) for c in s.calls)
+        or not all(isinstance(d, ev.Decision) and d.effect in ev.POLICY_EFFECTS for d in s.decisions)
+    ):
+        raise _fail(name, "gate", Rule.INVALID)
+
+
+def _gate_resolved(name: str, e: Event) -> None:
+    assert isinstance(e, ev.GateResolved)
+    if not is_uuid(e.gate_id):
+        raise _fail(name, "gate_id", Rule.INVALID)
+    if e.action not in ev.GATE_ACTIONS:
+        raise _fail(name, "action", Rule.INVALID)
+
+
+def _bounded(name: str, field: str, text: object, max_bytes: int, max_lines: int | None) -> None:
+    if not isinstance(text, str):
+        raise _fail(name, field, Rule.INVALID)
+    if len(text) > max_bytes or len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise _fail(name, field, Rule.INVALID)
+    if max_lines is None:
+        if any(ch < " " or ch == "\x7f" for ch in text):
+            raise _fail(name, field, Rule.INVALID)
+    elif text.count("\n") + 1 > max_lines:
+        raise _fail(name, field, Rule.INVALID)
+
+
+def _tool_call_started(name: str, e: Event) -> None:
+    assert isinstance(e, ev.ToolCallStarted)
+    _bounded(name, "summary", e.summary, SUMMARY_MAX_BYTES, None)
+
+
+def _tool_call_completed(name: str, e: Event) -> None:
+    assert isinstance(e, ev.ToolCallCompleted)
+    _bounded(name, "result_preview", e.result_preview, PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES)
+
+
+def _token_delta(name: str, e: Event) -> None:
+    assert isinstance(e, ev.TokenDelta)
+    _turn_index(name, e.turn_index)
+
+
+_BODY_RULES: Final = {
+    ev.LoopStarted: _loop_started,
+    ev.InputSubmitted: _input_submitted,
+    ev.TurnStarted: _turn_started,
+    ev.TurnFoldedInto: _turn_started,
+    ev.StepDone: _step_done,
+    ev.TurnDone: _turn_done,
+    ev.TurnFailed: _turn_failed,
+    ev.TurnInterrupted: _turn_interrupted,
+    ev.PermissionRequested: _permission_requested,
+    ev.PermissionDecided: _permission_decided,
+    ev.UserInputRequested: _user_input_requested,
+    ev.GateOpened: _gate_opened,
+    ev.GateResolved: _gate_resolved,
+    ev.ToolCallStarted: _tool_call_started,
+    ev.ToolCallCompleted: _tool_call_completed,
+    ev.TokenDelta: _token_delta,
+}
