@@ -25,7 +25,7 @@ from shared.errors import (
     UnknownEventTypeError,
     UnsupportedSchemaError,
 )
-from shared.events import EPHEMERAL_TYPES, EVENT_TYPES, Class, Event, event_class
+from shared.events import EPHEMERAL_TYPES, EVENT_TYPES, AnyEvent, Class, Event, event_class
 from shared.validate import validate_event
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "UnknownEventTypeError",
     "UnsupportedSchemaError",
     "decode_event",
+    "decode_live",
     "encode_event",
+    "encode_live",
 ]
 
 DEFAULT_MAX_RECORD_BYTES: Final = 1024 * 1024  # NATS' default max_payload
@@ -58,7 +60,11 @@ def encode_event(event: Event, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> 
         raise EphemeralNotPersistableError(type(event).__name__)
     validate_event(event)
     # msgspec writes the tag first and omits v == 1 (a default); put "v":1 right after the "{".
-    raw = _encoder.encode(event)
+    try:
+        raw = _encoder.encode(event)
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as e:
+        # e.g. a lone surrogate in a hand-built string: validation passed, but it is not UTF-8.
+        raise MalformedRecordError(f"{type(event).__name__} is not encodable: {e}") from None
     data = b'{"v":1,' + raw[1:]
     if len(data) > max_bytes:
         raise RecordTooLargeError(len(data), max_bytes)
@@ -94,7 +100,25 @@ def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> E
         if m is None:
             raise MalformedRecordError(f"{type_name}: {e}") from None
         raise InvalidEventError(type_name, m.group(1), Rule.INVALID.value) from None
-    except msgspec.DecodeError as e:  # pragma: no cover - strictjson already parsed it
+    except (msgspec.DecodeError, RecursionError) as e:  # pragma: no cover - strictjson already parsed it
         raise MalformedRecordError(str(e)) from None
     validate_event(event)
     return event
+
+
+# --- live (ephemeral and enduring) events on core subjects ---------------------------------------
+
+_live_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+
+def encode_live(event: Event) -> bytes:
+    """Encode any event for a live core subject (same JSON shape as the envelope, not validated)."""
+    return b'{"v":1,' + _encoder.encode(event)[1:]
+
+
+def decode_live(data: bytes) -> Event:
+    """Decode a live event; shape errors raise :class:`MalformedRecordError` (live events may be dropped)."""
+    try:
+        return _live_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise MalformedRecordError(str(e)) from None

@@ -15,6 +15,7 @@ import msgspec
 from shared.errors import UsageOverflowError
 
 UINT64_MAX: Final = 2**64 - 1
+_JSON_SPACE: Final = b" \t\n\r"
 
 
 class Role(StrEnum):
@@ -51,6 +52,15 @@ class ToolUseBlock(_BlockBase, tag="tool_use"):
     id: str = ""
     name: str = ""
     input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
+
+    def __post_init__(self) -> None:
+        # Decoding yields an embedded value without the JSON whitespace around it; trim it here too,
+        # so every block equals its own round trip (and its clone).
+        raw = self.input
+        if isinstance(raw, msgspec.Raw) and len(raw):
+            view = memoryview(raw)
+            if view[0] in _JSON_SPACE or view[-1] in _JSON_SPACE:
+                self.input = msgspec.Raw(bytes(view).strip(_JSON_SPACE))
 
 
 class ImageBlock(_BlockBase, tag="image"):

@@ -75,6 +75,7 @@ GATE_KINDS: Final = ("permission", "user_input")
 GATE_ACTIONS: Final = ("approve", "approve_always", "deny", "reply", "abandoned")
 PERMISSION_EFFECTS: Final = ("approve", "deny")
 PERMISSION_REASONS: Final = ("policy_allow", "policy_deny", "always_allowed", "gate_approved", "gate_denied")
+DECISION_EFFECTS: Final = ("approve", "deny", "reply")
 
 
 class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -107,8 +108,9 @@ class Decision(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, k
 
     tool_use_id: str = ""
     tool_execution_id: str = ""
-    effect: str = ""  # approve | deny | ask
+    effect: str = ""  # approve | deny | reply
     reason: str = ""
+    text: str = ""  # deny: the model-visible denial; reply: the operator's answer (the call's result)
 
 
 class SuspendedStep(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):

@@ -32,6 +32,12 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
     "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
     "LW_LOG_LEVEL": "log level of services (default INFO)",
+    "LW_OPENAI_BASE_URL": "OpenAI-compatible API base URL incl. /v1 (default https://api.openai.com/v1)",
+    "LW_OPENAI_API_KEY": "API key of the OpenAI-compatible server (empty: no Authorization header)",
+    "LW_OPENAI_MAX_TOKENS_FIELD": "request field for max tokens: max_tokens (default) or max_completion_tokens",
+    "LW_ANTHROPIC_BASE_URL": "Anthropic API base URL (default https://api.anthropic.com)",
+    "LW_ANTHROPIC_API_KEY": "Anthropic API key",
+    "LW_ANTHROPIC_THINKING_BUDGET": "Anthropic extended-thinking budget in tokens (default 0 = off)",
 }
 
 
@@ -63,6 +69,12 @@ class Settings:
     tool_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 1.0
     log_level: str = "INFO"
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: str = field(default="", repr=False)
+    openai_max_tokens_field: str = "max_tokens"
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: str = field(default="", repr=False)
+    anthropic_thinking_budget: int = 0
 
     @property
     def names(self) -> Names:
@@ -100,6 +112,12 @@ class Settings:
             tool_timeout_seconds=float(_get(e, "LW_TOOL_TIMEOUT_SECONDS", str(d.tool_timeout_seconds))),
             heartbeat_seconds=float(_get(e, "LW_HEARTBEAT_SECONDS", str(d.heartbeat_seconds))),
             log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
+            openai_base_url=_get(e, "LW_OPENAI_BASE_URL", d.openai_base_url),
+            openai_api_key=_get(e, "LW_OPENAI_API_KEY", ""),
+            openai_max_tokens_field=_get(e, "LW_OPENAI_MAX_TOKENS_FIELD", d.openai_max_tokens_field),
+            anthropic_base_url=_get(e, "LW_ANTHROPIC_BASE_URL", d.anthropic_base_url),
+            anthropic_api_key=_get(e, "LW_ANTHROPIC_API_KEY", ""),
+            anthropic_thinking_budget=int(_get(e, "LW_ANTHROPIC_THINKING_BUDGET", "0")),
         )
         if overrides:
             known = {f.name for f in fields(cls)}

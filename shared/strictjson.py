@@ -7,7 +7,16 @@ One definition used by the codec (decode), validation (tool_use inputs) and step
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
+
+import msgspec
+
+MAX_DEPTH: Final = 256
+"""Deepest nesting :func:`loads` accepts. Fixed, so acceptance never depends on the caller's stack."""
+
+EMBEDDED_MAX_DEPTH: Final = MAX_DEPTH - 32
+"""Deepest nesting :func:`is_strict` accepts: a value embedded in a record (a tool_use input) keeps
+room for the record's own levels around it, so whatever validates on encode also decodes."""
 
 
 class StrictJSONError(ValueError):
@@ -30,26 +39,58 @@ def _no_constants(name: str) -> Any:
     raise StrictJSONError(f"{name} is not valid JSON")
 
 
-def loads(data: bytes | str) -> Any:
+def _depth_ok(doc: Any, max_depth: int) -> bool:
+    """Nesting (``[]`` is depth 1) is at most ``max_depth``; iterative, so it never recurses."""
+    if max_depth < 1:
+        return False
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > max_depth:
+                    return False
+                stack.append((child, depth + 1))
+    return True
+
+
+def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     """Parse strictly; raises :class:`StrictJSONError` with the reason."""
     if isinstance(data, bytes | bytearray | memoryview):
+        raw = bytes(data)
         try:
-            text = bytes(data).decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise StrictJSONError(f"invalid UTF-8 at byte {e.start}") from None
     else:
         text = data
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise StrictJSONError(f"not encodable as UTF-8 at character {e.start}") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except StrictJSONError:
         raise
     except (ValueError, RecursionError) as e:
         raise StrictJSONError(f"not valid JSON: {e}") from None
-
-
-def is_strict(data: bytes | str) -> bool:
+    # Counting brackets (strings included) bounds the depth from above and is C-fast; walk only if needed.
+    if isinstance(doc, dict | list) and text.count("[") + text.count("{") > max_depth and not _depth_ok(doc, max_depth):
+        raise StrictJSONError(f"nested deeper than {max_depth} levels")
+    # Every record is decoded by msgspec on replay: refuse what it refuses (e.g. a lone surrogate escape
+    # "\ud800", which the json module accepts), so nothing accepted here fails later.
     try:
-        loads(data)
+        msgspec.json.decode(raw, type=msgspec.Raw)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise StrictJSONError(f"not valid JSON: {e}") from None
+    return doc
+
+
+def is_strict(data: bytes | str, *, max_depth: int = EMBEDDED_MAX_DEPTH) -> bool:
+    """True when ``data`` is strict JSON that can be embedded in a record (see :data:`EMBEDDED_MAX_DEPTH`)."""
+    try:
+        loads(data, max_depth=max_depth)
     except StrictJSONError:
         return False
     return True

@@ -9,6 +9,7 @@ the wrong Python type are reported, never crash.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Final
 
 import msgspec
@@ -28,16 +29,30 @@ from shared.errors import InvalidEventError, Rule
 from shared.events import Class, Event, Profile
 from shared.strictjson import is_strict
 
-__all__ = ["InvalidEventError", "Rule", "is_uuid", "validate_event"]
+__all__ = ["InvalidEventError", "Rule", "is_rfc3339", "is_uuid", "validate_event"]
 
 _UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-_RFC3339_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})\Z")
+# ASCII digits only (``\d`` would accept any Unicode digit); the date itself is checked by datetime.
+_RFC3339_RE: Final = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
+)
 
 SUMMARY_MAX_BYTES: Final = 1024
 PREVIEW_MAX_BYTES: Final = 2048
 PREVIEW_MAX_LINES: Final = 20
 MAX_STEP_MESSAGES: Final = 10_000
 TOOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+
+
+def is_rfc3339(value: object) -> bool:
+    """An RFC 3339 timestamp with a real date and time (``2024-02-30T...`` is refused)."""
+    if not isinstance(value, str) or _RFC3339_RE.match(value) is None:
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 def is_uuid(value: object) -> bool:
@@ -84,7 +99,7 @@ def validate_event(e: object) -> None:
             raise _fail(name, "event_id", Rule.INVALID)
         if not isinstance(e.created_at, str) or not e.created_at:
             raise _fail(name, "created_at", Rule.REQUIRED)
-        if not _RFC3339_RE.match(e.created_at):
+        if not is_rfc3339(e.created_at):
             raise _fail(name, "created_at", Rule.INVALID)
     else:
         _check_optional_id(name, "event_id", e.event_id)
@@ -297,7 +312,7 @@ def _gate_opened(name: str, e: Event) -> None:
         or not _blocks_ok(s.message)
         or not isinstance(s.calls, list)
         or not all(isinstance(c, ev.RawToolUse) for c in s.calls)
-        or not all(isinstance(d, ev.Decision) and d.effect in ev.POLICY_EFFECTS for d in s.decisions)
+        or not all(isinstance(d, ev.Decision) and d.effect in ev.DECISION_EFFECTS for d in s.decisions)
     ):
         raise _fail(name, "gate", Rule.INVALID)
 

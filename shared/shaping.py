@@ -1,0 +1,377 @@
+"""Step shaping: everything the model-step does to turn a model reply and tool outcomes into a
+committable step group, plus every model-visible tool-result error string (this is the one place).
+
+* :func:`sanitize_ai_message` splits a model reply into the stored copy (always valid in a StepDone)
+  and the raw executable view of its tool uses (the bytes the model sent).
+* :func:`bounded_diagnostic`, :func:`result_preview` and :func:`truncate_result` bound text for
+  summaries, live previews and stored results. All of them are UTF-8 safe: invalid UTF-8 and lone
+  surrogates become U+FFFD and no cut ever splits a code point.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from shared.content import (
+    AIMessage,
+    Block,
+    ImageBlock,
+    RefusalBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultMessage,
+    ToolUseBlock,
+    Usage,
+)
+from shared.events import RawToolUse
+from shared.strictjson import is_strict
+from shared.validate import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES
+
+__all__ = [
+    "EMPTY_RESULT",
+    "INTERRUPTED_NOTICE",
+    "INVALID_JSON_ARGUMENTS",
+    "INVALID_TOOL_CALL_ID",
+    "PREVIEW_CUT_BYTES",
+    "TOOL_CALL_CANCELED",
+    "TRUNCATED_MARKER",
+    "TRUNCATED_NOTICE",
+    "bounded_diagnostic",
+    "flatten_to_text",
+    "format_seconds",
+    "invalid_arguments",
+    "is_empty_response",
+    "mint_tool_use_id",
+    "permission_denied",
+    "result_preview",
+    "safe_prefix",
+    "sanitize_ai_message",
+    "summary_for_call",
+    "tool_crashed",
+    "tool_error",
+    "tool_result_message",
+    "tool_timed_out",
+    "tool_unavailable",
+    "truncate_result",
+    "unknown_tool",
+]
+
+# --- model-visible strings ------------------------------------------------------------------------
+
+INVALID_JSON_ARGUMENTS: Final = "error: invalid tool arguments (not valid JSON)"
+EMPTY_RESULT: Final = "error: empty result"
+TOOL_CALL_CANCELED: Final = "error: tool call canceled"
+INVALID_TOOL_CALL_ID: Final = "error: invalid tool call (missing or duplicate id)"
+TRUNCATED_NOTICE: Final = (
+    "[truncated: the stream failed before this reply completed; the content above may be incomplete]"
+)
+INTERRUPTED_NOTICE: Final = (
+    "[interrupted: this reply was stopped before it completed; the content above is what had arrived]"
+)
+
+TRUNCATED_MARKER: Final = "… [truncated]"
+_MARKER_BYTES: Final = len(TRUNCATED_MARKER.encode())  # 15
+PREVIEW_CUT_BYTES: Final = PREVIEW_MAX_BYTES - _MARKER_BYTES  # 2033: the kept prefix of a cut preview
+
+
+def unknown_tool(name: str) -> str:
+    return bounded_diagnostic(f"error: unknown tool: {name}")
+
+
+def invalid_arguments(message: str) -> str:
+    return bounded_diagnostic(f"error: invalid tool arguments: {message}")
+
+
+def permission_denied(reason: str = "") -> str:
+    """``error: permission denied: <reason>`` (or without a reason)."""
+    return bounded_diagnostic(f"error: permission denied: {reason}" if reason else "error: permission denied")
+
+
+def format_seconds(seconds: float) -> str:
+    """``30`` for whole seconds, else up to 3 decimals (``2.5``, ``0.125``)."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    text = f"{seconds:.3f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
+def tool_timed_out(seconds: float) -> str:
+    return f"error: tool timed out after {format_seconds(seconds)}s"
+
+
+def tool_error(message: str) -> str:
+    """A tool's own error, as the model sees it."""
+    return bounded_diagnostic(f"error: {message}")
+
+
+def tool_crashed(message: str) -> str:
+    return bounded_diagnostic(f"error: tool crashed: {message}")
+
+
+def tool_unavailable(name: str) -> str:
+    return bounded_diagnostic(f"error: tool unavailable: {name} (no live workers)")
+
+
+# --- UTF-8 safe text helpers ----------------------------------------------------------------------
+
+_SURROGATE_RE: Final = re.compile("[\ud800-\udfff]")
+# Unicode category Cc: C0 controls (incl. \t, \n, \r), DEL and the C1 controls.
+_CONTROLS_TO_SPACE: Final = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _clean(text: str | bytes | bytearray | memoryview) -> str:
+    """Valid Unicode text: invalid UTF-8 and lone surrogates become U+FFFD."""
+    if isinstance(text, str):
+        return _SURROGATE_RE.sub("\ufffd", text)
+    return bytes(text).decode("utf-8", errors="replace")
+
+
+def _clean_head(text: str | bytes, chars: int) -> str:
+    """``_clean(text)[:chars]`` without touching the rest of a huge input.
+
+    Every code point takes at least one byte, so a result bounded to ``chars - 1`` bytes never needs
+    more; ``4 * (chars + 1)`` bytes always decode to at least ``chars`` whole code points first.
+    """
+    if isinstance(text, str):
+        return _clean(text[:chars])
+    return _clean(text[: 4 * (chars + 1)])[:chars]
+
+
+def _cut_head(data: bytes, limit: int) -> bytes:
+    """The longest prefix of valid UTF-8 ``data`` within ``limit`` bytes that ends on a code point."""
+    if limit >= len(data):
+        return data
+    n = max(limit, 0)
+    while n > 0 and (data[n] & 0xC0) == 0x80:  # never keep half of a code point
+        n -= 1
+    return data[:n]
+
+
+def _cut_tail(data: bytes, limit: int) -> bytes:
+    """The longest suffix of valid UTF-8 ``data`` within ``limit`` bytes that starts on a code point."""
+    if limit >= len(data):
+        return data
+    start = len(data) - max(limit, 0)
+    while start < len(data) and (data[start] & 0xC0) == 0x80:
+        start += 1
+    return data[start:]
+
+
+def bounded_diagnostic(text: str | bytes, limit: int = SUMMARY_MAX_BYTES) -> str:
+    """One line of at most ``limit`` UTF-8 bytes (marker included) with no control characters.
+
+    Invalid UTF-8 becomes U+FFFD and every control character (``\\n``, ``\\t``, DEL, C1...) a space.
+    When cut, the kept prefix is followed by ``… [truncated]``.
+    """
+    clean = _clean_head(text, limit + 1).translate(_CONTROLS_TO_SPACE)
+    data = clean.encode()
+    if len(data) <= limit:
+        return clean
+    if limit < _MARKER_BYTES:  # no room for the marker: a bare cut still honours the bound
+        return _cut_head(data, limit).decode()
+    return _cut_head(data, limit - _MARKER_BYTES).decode() + TRUNCATED_MARKER
+
+
+def summary_for_call(name: str, raw_input: str) -> str:
+    """The ToolCallStarted summary: ``calculator {"expression":"1+2"}``, bounded."""
+    return bounded_diagnostic(f"{name} {raw_input}" if raw_input else name)
+
+
+def result_preview(text: str | bytes) -> str:
+    """The ToolCallCompleted preview: ≤ 2048 bytes and ≤ 20 lines.
+
+    When cut, the kept prefix (≤ 2033 bytes, ≤ 20 lines, ending on a code point) is followed by
+    ``… [truncated]`` on its last line.
+    """
+    clean = _clean_head(text, PREVIEW_MAX_BYTES + 1)
+    data = clean.encode()
+    newlines = clean.count("\n")
+    if len(data) <= PREVIEW_MAX_BYTES and newlines < PREVIEW_MAX_LINES:
+        return clean
+    prefix = clean
+    if newlines >= PREVIEW_MAX_LINES:
+        # Keep the first PREVIEW_MAX_LINES lines, without the newline ending the last kept one.
+        end = -1
+        for _ in range(PREVIEW_MAX_LINES):
+            end = clean.index("\n", end + 1)
+        prefix = clean[:end]
+    return _cut_head(prefix.encode(), PREVIEW_CUT_BYTES).decode() + TRUNCATED_MARKER
+
+
+def _omission_marker(omitted: int, total: int) -> bytes:
+    return f"\n[tool output truncated: omitted {omitted} of {total} bytes]\n".encode()
+
+
+def truncate_result(text: str, max_bytes: int) -> str:
+    """Shape a tool result to ``max_bytes`` UTF-8 bytes (0 = unbounded).
+
+    A longer result keeps a head and a tail (halves of what the marker leaves) around
+    ``\\n[tool output truncated: omitted X of Y bytes]\\n``; X and Y count UTF-8 bytes. A bound too
+    small for the marker keeps only the head.
+    """
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    clean = _clean(text)
+    if max_bytes == 0:
+        return clean
+    data = clean.encode()
+    total = len(data)
+    if total <= max_bytes:
+        return clean
+
+    def shape(budget: int) -> tuple[bytes, bytes, int]:
+        head = _cut_head(data, budget // 2)
+        tail = _cut_tail(data, budget - budget // 2)
+        return head, tail, total - len(head) - len(tail)
+
+    longest = len(_omission_marker(total, total))  # omitted <= total: this marker is never shorter
+    if max_bytes < longest:
+        return _cut_head(data, max_bytes).decode()
+    head, tail, omitted = shape(max_bytes - longest)
+    # A shorter omitted count frees a few bytes; use them when the result still fits.
+    slack = longest - len(_omission_marker(omitted, total))
+    if slack:
+        h2, t2, o2 = shape(max_bytes - longest + slack)
+        if len(h2) + len(t2) + len(_omission_marker(o2, total)) <= max_bytes:
+            head, tail, omitted = h2, t2, o2
+    return (head + _omission_marker(omitted, total) + tail).decode()
+
+
+def flatten_to_text(blocks: Sequence[Block] | None) -> str:
+    """Text and refusal blocks pass through (concatenated); any other block is ``[unsupported <type>]``."""
+    parts: list[str] = []
+    for b in blocks or ():
+        if isinstance(b, TextBlock | RefusalBlock):
+            parts.append(b.text)
+        else:
+            parts.append(f"[unsupported {type(b).__struct_config__.tag}]")
+    return "".join(parts)
+
+
+def tool_result_message(tool_use_id: str, text: str, *, is_error: bool, max_bytes: int = 0) -> ToolResultMessage:
+    """One tool-role message with exactly one TextBlock, shaped to ``max_bytes`` (0 = unbounded)."""
+    return ToolResultMessage(
+        tool_use_id=tool_use_id, blocks=[TextBlock(text=truncate_result(text, max_bytes))], is_error=is_error
+    )
+
+
+# --- model replies --------------------------------------------------------------------------------
+
+
+def mint_tool_use_id() -> str:
+    """An id for a tool use that came without one (or with a repeated one): ``lw_<32 hex>``."""
+    return f"lw_{uuid.uuid4().hex}"
+
+
+def _raw_input_bytes(value: object) -> bytes | None:
+    if isinstance(value, msgspec.Raw | bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return None
+
+
+def _clean_str(value: object) -> str:
+    return _clean(value) if isinstance(value, str) else ""
+
+
+def _clean_block(b: Block) -> Block | None:
+    """An independent copy of a non-tool block with encodable strings; None for unknown objects."""
+    if isinstance(b, TextBlock):
+        return TextBlock(text=_clean_str(b.text))
+    if isinstance(b, RefusalBlock):
+        return RefusalBlock(text=_clean_str(b.text))
+    if isinstance(b, ThinkingBlock):
+        return ThinkingBlock(thinking=_clean_str(b.thinking), signature=_clean_str(b.signature))
+    if isinstance(b, ImageBlock):
+        return ImageBlock(
+            media_type=_clean_str(b.media_type),
+            url=None if b.url is None else _clean_str(b.url),
+            data=None if b.data is None else _clean_str(b.data),
+        )
+    return None
+
+
+def _copy_usage(usage: Usage | None) -> Usage | None:
+    return None if usage is None else msgspec.structs.replace(usage)
+
+
+def sanitize_ai_message(msg: AIMessage) -> tuple[AIMessage, list[RawToolUse]]:
+    """Split a model reply into (stored copy, raw tool-use view).
+
+    The stored copy is an independent deep copy in which empty text and thinking with neither text
+    nor signature are dropped, refusals kept, and every string is valid Unicode. A tool_use whose id
+    is empty or repeats an earlier one gets a minted id (in both views, ``minted_id=True``); one
+    whose id was minted, whose name is empty or whose input is not strict JSON is stored with input
+    ``{}``. The raw view keeps, per tool use in order, the id, the name and the original input text.
+    The stored copy, followed by one result per tool use, always passes the StepDone group rule.
+    """
+    blocks: list[Block] | None = None if msg.blocks is None else []
+    raw: list[RawToolUse] = []
+    seen: set[str] = set()
+    for b in msg.blocks or ():
+        if isinstance(b, ToolUseBlock):
+            tool_id = _clean_str(b.id)
+            name = _clean_str(b.name)
+            data = _raw_input_bytes(b.input)
+            minted = not tool_id or tool_id in seen
+            while not tool_id or tool_id in seen:
+                tool_id = mint_tool_use_id()
+            seen.add(tool_id)
+            keep = not minted and bool(name) and data is not None and is_strict(data)
+            stored_input = msgspec.Raw(bytes(data) if keep and data is not None else b"{}")
+            assert blocks is not None
+            blocks.append(ToolUseBlock(id=tool_id, name=name, input=stored_input))
+            text = "" if data is None else data.decode("utf-8", errors="replace")
+            raw.append(RawToolUse(id=tool_id, name=name, input=text, minted_id=minted))
+            continue
+        if isinstance(b, TextBlock) and not b.text:
+            continue
+        if isinstance(b, ThinkingBlock) and not b.thinking and not b.signature:
+            continue
+        copy = _clean_block(b)
+        if copy is not None:
+            assert blocks is not None
+            blocks.append(copy)
+    return AIMessage(blocks=blocks, usage=_copy_usage(msg.usage)), raw
+
+
+def is_empty_response(msg: AIMessage) -> bool:
+    """True when a reply has nothing to commit: no tool use, no non-empty text, no thinking with text
+    or signature, and no refusal or image."""
+    for b in msg.blocks or ():
+        if isinstance(b, ToolUseBlock | RefusalBlock | ImageBlock):
+            return False
+        if isinstance(b, TextBlock) and b.text:
+            return False
+        if isinstance(b, ThinkingBlock) and (b.thinking or b.signature):
+            return False
+    return True
+
+
+def safe_prefix(msg: AIMessage | None, notice: str) -> AIMessage | None:
+    """What a stream that failed mid-way may commit: non-empty text, refusals and sealed thinking
+    (non-empty signature), then a TextBlock with ``notice``; None when nothing survives. Tool uses,
+    unsealed thinking and images are dropped; no usage is attached."""
+    if msg is None:
+        return None
+    kept: list[Block] = []
+    for b in msg.blocks or ():
+        keep = (
+            (isinstance(b, TextBlock) and bool(b.text))
+            or isinstance(b, RefusalBlock)
+            or (isinstance(b, ThinkingBlock) and bool(b.signature))
+        )
+        copy = _clean_block(b) if keep else None
+        if copy is not None:
+            kept.append(copy)
+    if not kept:
+        return None
+    kept.append(TextBlock(text=notice))
+    return AIMessage(blocks=kept)

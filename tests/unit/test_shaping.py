@@ -1,0 +1,646 @@
+"""Step shaping: sanitisation of model replies, the model-visible strings and every bound (UTF-8 safe).
+
+Ports the seed's sanitisation proofs (step_test "malformed tool args: stored AIMessage Input
+sanitized to {}, raw executable view kept", refusal/redacted-thinking tests), its preview caps
+(TestRunBatch_ResultPreviewCapped / PreviewLineCap) and the truncation suite.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared import events as ev
+from shared import shaping
+from shared.codec import decode_event, encode_event
+from shared.content import (
+    AIMessage,
+    Block,
+    ImageBlock,
+    RefusalBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultMessage,
+    ToolUseBlock,
+    Usage,
+)
+from shared.strictjson import EMBEDDED_MAX_DEPTH
+from shared.validate import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES, step_group_ok, validate_event
+from tests.unit.test_validate import valid_event
+
+MARKER = "… [truncated]"
+MINTED = re.compile(r"lw_[0-9a-f]{32}\Z")
+WIDE = ["é", "€", "😀"]  # 2-, 3- and 4-byte code points
+CONTROLS = "".join(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)))
+
+
+def nbytes(s: str) -> int:
+    return len(s.encode())
+
+
+def tu(id_: str = "t1", name: str = "calculator", raw: bytes = b'{"expression":"1+2"}') -> ToolUseBlock:
+    return ToolUseBlock(id=id_, name=name, input=msgspec.Raw(raw))
+
+
+def committed(stored: AIMessage, raw: list[ev.RawToolUse]) -> ev.StepDone:
+    """The StepDone a model-step would commit: the stored copy and one result per tool use."""
+    results = [shaping.tool_result_message(c.id, "ok", is_error=c.minted_id) for c in raw]
+    return valid_event(ev.StepDone, messages=[stored, *results])  # type: ignore[return-value]
+
+
+def assert_commits(stored: AIMessage, raw: list[ev.RawToolUse]) -> None:
+    step = committed(stored, raw)
+    assert step_group_ok(step.messages)
+    validate_event(step)
+    assert decode_event(encode_event(step)) == step
+
+
+# --- model-visible strings ------------------------------------------------------------------------
+
+
+def test_fixed_strings() -> None:
+    assert shaping.INVALID_JSON_ARGUMENTS == "error: invalid tool arguments (not valid JSON)"
+    assert shaping.EMPTY_RESULT == "error: empty result"
+    assert shaping.TOOL_CALL_CANCELED == "error: tool call canceled"
+    assert shaping.INVALID_TOOL_CALL_ID == "error: invalid tool call (missing or duplicate id)"
+    assert shaping.TRUNCATED_NOTICE == (
+        "[truncated: the stream failed before this reply completed; the content above may be incomplete]"
+    )
+    assert shaping.INTERRUPTED_NOTICE == (
+        "[interrupted: this reply was stopped before it completed; the content above is what had arrived]"
+    )
+    assert shaping.TRUNCATED_MARKER == MARKER
+    assert shaping.PREVIEW_CUT_BYTES == 2033
+    # shaping bounds are validation's bounds (design: summary ≤ 1024 B, preview ≤ 2048 B and ≤ 20 lines)
+    assert (SUMMARY_MAX_BYTES, PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES) == (1024, 2048, 20)
+    assert nbytes(MARKER) == PREVIEW_MAX_BYTES - shaping.PREVIEW_CUT_BYTES == 15
+
+
+def test_formatted_strings() -> None:
+    assert shaping.unknown_tool("calculator") == "error: unknown tool: calculator"
+    assert shaping.invalid_arguments("x must be a number") == "error: invalid tool arguments: x must be a number"
+    assert shaping.permission_denied("policy denies rm") == "error: permission denied: policy denies rm"
+    assert shaping.permission_denied() == "error: permission denied"
+    assert shaping.tool_error("division by zero") == "error: division by zero"
+    assert shaping.tool_crashed("worker exited") == "error: tool crashed: worker exited"
+    assert shaping.tool_unavailable("calculator") == "error: tool unavailable: calculator (no live workers)"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(30, "30"), (30.0, "30"), (2.5, "2.5"), (0.125, "0.125"), (1.23456, "1.235"), (0.0001, "0"), (100, "100")],
+)
+def test_tool_timed_out(seconds: float, text: str) -> None:
+    assert shaping.tool_timed_out(seconds) == f"error: tool timed out after {text}s"
+
+
+def test_error_strings_are_bounded_single_lines() -> None:
+    for fn in (shaping.tool_error, shaping.tool_crashed, shaping.unknown_tool, shaping.invalid_arguments):
+        out = fn("line1\nline2\t" + "x" * 5000)
+        assert "\n" not in out and "\t" not in out
+        assert nbytes(out) <= SUMMARY_MAX_BYTES and out.endswith(MARKER)
+        assert out.startswith("error: ")
+
+
+# --- sanitize_ai_message ------------------------------------------------------------------------
+
+
+def test_valid_tool_use_is_kept_byte_for_byte() -> None:
+    raw_input = b'{"expression": "1+2",  "nested": {"a": [1, 2.5, null]}}'
+    msg = AIMessage(blocks=[TextBlock(text="calc"), tu("t1", raw=raw_input)], usage=Usage(input_tokens=3))
+    stored, raw = shaping.sanitize_ai_message(msg)
+    assert stored == msg
+    assert stored is not msg and stored.blocks is not msg.blocks and stored.usage is not msg.usage
+    assert raw == [ev.RawToolUse(id="t1", name="calculator", input=raw_input.decode())]
+    assert_commits(stored, raw)
+
+
+def test_malformed_tool_args_stored_as_empty_object_raw_view_kept() -> None:
+    # The seed's "malformed tool args: stored AIMessage Input sanitized to {}, raw executable view kept".
+    msg = AIMessage(blocks=[tu("t1", raw=b"{not valid json")])
+    stored, raw = shaping.sanitize_ai_message(msg)
+    assert stored.blocks is not None
+    block = stored.blocks[0]
+    assert isinstance(block, ToolUseBlock)
+    assert bytes(block.input) == b"{}" and block.id == "t1" and block.name == "calculator"
+    assert raw == [ev.RawToolUse(id="t1", name="calculator", input="{not valid json", minted_id=False)]
+    assert_commits(stored, raw)
+
+
+BAD_INPUTS = [
+    b"",
+    b"{",
+    b'{"a":1}{"b":2}',
+    b'{"a":1,"a":2}',
+    b'{"a":1,"A":2}',
+    b'{"a":{"x":1,"X":2}}',
+    b'{"a":NaN}',
+    b'{"a":Infinity}',
+    b'{"a":"\xff"}',
+    b'{"a":"\\ud800"}',
+    b"[" * (EMBEDDED_MAX_DEPTH + 1) + b"]" * (EMBEDDED_MAX_DEPTH + 1),
+    b"\xef\xbb\xbf{}",
+    b"{'a': 1}",
+]
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=range(len(BAD_INPUTS)))
+def test_non_strict_input_is_stored_as_empty_object(bad: bytes) -> None:
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[tu("t1", raw=bad)]))
+    assert stored.blocks is not None
+    block = stored.blocks[0]
+    assert isinstance(block, ToolUseBlock) and bytes(block.input) == b"{}"
+    assert raw[0].input == bad.strip(b" \t\n\r").decode("utf-8", errors="replace")
+    assert not raw[0].minted_id
+    assert_commits(stored, raw)
+
+
+@pytest.mark.parametrize(
+    "good", [b"null", b"[]", b'"text"', b"12", b"[" * EMBEDDED_MAX_DEPTH + b"]" * EMBEDDED_MAX_DEPTH]
+)
+def test_any_strict_json_value_is_kept(good: bytes) -> None:
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[tu("t1", raw=good)]))
+    assert stored.blocks is not None
+    assert bytes(stored.blocks[0].input) == good  # type: ignore[union-attr]
+    assert_commits(stored, raw)
+
+
+def test_empty_name_is_stored_with_empty_input() -> None:
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[tu("t1", name="")]))
+    assert stored.blocks == [ToolUseBlock(id="t1", name="", input=msgspec.Raw(b"{}"))]
+    assert raw == [ev.RawToolUse(id="t1", name="", input='{"expression":"1+2"}')]
+    assert_commits(stored, raw)
+
+
+def test_empty_id_is_minted_in_both_views() -> None:
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[tu("")]))
+    assert stored.blocks is not None
+    block = stored.blocks[0]
+    assert isinstance(block, ToolUseBlock)
+    assert MINTED.match(block.id) and raw[0].id == block.id and raw[0].minted_id
+    assert bytes(block.input) == b"{}"  # a minted call never runs; its arguments are not kept
+    assert raw[0].input == '{"expression":"1+2"}' and raw[0].name == "calculator"
+    assert_commits(stored, raw)
+
+
+def test_repeated_ids_are_minted_and_distinct() -> None:
+    msg = AIMessage(blocks=[tu("a"), tu("b"), tu("a"), tu("a"), tu(""), tu("")])
+    stored, raw = shaping.sanitize_ai_message(msg)
+    ids = [c.id for c in raw]
+    assert ids[:2] == ["a", "b"] and len(set(ids)) == 6
+    assert [c.minted_id for c in raw] == [False, False, True, True, True, True]
+    assert all(MINTED.match(i) for i in ids[2:])
+    assert [b.id for b in stored.blocks or () if isinstance(b, ToolUseBlock)] == ids
+    stored_inputs = [bytes(b.input) for b in stored.blocks or () if isinstance(b, ToolUseBlock)]
+    assert stored_inputs == [b'{"expression":"1+2"}'] * 2 + [b"{}"] * 4
+    assert_commits(stored, raw)
+
+
+def test_a_model_id_shaped_like_a_minted_one_is_not_special() -> None:
+    fake = "lw_" + "0" * 32
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[tu(fake)]))
+    assert raw[0].id == fake and not raw[0].minted_id
+    assert_commits(stored, raw)
+
+
+def test_block_filtering_and_order() -> None:
+    msg = AIMessage(
+        blocks=[
+            TextBlock(text=""),
+            ThinkingBlock(thinking="", signature=""),
+            ThinkingBlock(thinking="plan", signature=""),
+            ThinkingBlock(thinking="", signature="redacted-sig"),
+            RefusalBlock(text=""),
+            TextBlock(text="hello"),
+            ImageBlock(media_type="image/png", url="https://x/y.png"),
+            tu("t1"),
+            RefusalBlock(text="I can't"),
+        ]
+    )
+    stored, raw = shaping.sanitize_ai_message(msg)
+    assert stored.blocks == [
+        ThinkingBlock(thinking="plan"),
+        ThinkingBlock(signature="redacted-sig"),
+        RefusalBlock(text=""),
+        TextBlock(text="hello"),
+        ImageBlock(media_type="image/png", url="https://x/y.png"),
+        tu("t1"),
+        RefusalBlock(text="I can't"),
+    ]
+    assert [c.id for c in raw] == ["t1"]
+    assert_commits(stored, raw)
+
+
+def test_none_and_empty_blocks_are_kept_apart() -> None:
+    assert shaping.sanitize_ai_message(AIMessage()) == (AIMessage(), [])
+    assert shaping.sanitize_ai_message(AIMessage(blocks=[])) == (AIMessage(blocks=[]), [])
+    stored, _ = shaping.sanitize_ai_message(AIMessage(blocks=[TextBlock(text="")]))
+    assert stored.blocks == []
+
+
+def test_stored_copy_is_independent() -> None:
+    msg = AIMessage(blocks=[TextBlock(text="a"), tu("t1")], usage=Usage(output_tokens=2))
+    stored, raw = shaping.sanitize_ai_message(msg)
+    assert stored.blocks is not None and msg.blocks is not None and stored.usage is not None
+    assert all(s is not o for s, o in zip(stored.blocks, msg.blocks, strict=True))
+    stored.blocks[0].text = "changed"  # type: ignore[union-attr]
+    stored.blocks.append(TextBlock(text="more"))
+    stored.usage.output_tokens = 99
+    raw[0].input = "changed"
+    assert msg == AIMessage(blocks=[TextBlock(text="a"), tu("t1")], usage=Usage(output_tokens=2))
+    msg.blocks.clear()
+    assert len(stored.blocks) == 3
+
+
+def test_lone_surrogates_never_make_a_message_unencodable() -> None:
+    # A provider adapter parsing JSON with the json module can hand us lone surrogates.
+    msg = AIMessage(
+        blocks=[
+            TextBlock(text="bad \ud800 text"),
+            ThinkingBlock(thinking="\udfff", signature="s\ud800"),
+            RefusalBlock(text="\ud83d"),
+            tu("id\ud800", name="calc\udc00"),
+            ImageBlock(media_type="image/\ud800", data="\ud800"),
+        ]
+    )
+    stored, raw = shaping.sanitize_ai_message(msg)
+    assert stored.blocks is not None
+    assert stored.blocks[0] == TextBlock(text="bad \ufffd text")
+    assert raw[0].id == "id\ufffd" and raw[0].name == "calc\ufffd"
+    assert stored.blocks[3] == ToolUseBlock(
+        id="id\ufffd", name="calc\ufffd", input=msgspec.Raw(b'{"expression":"1+2"}')
+    )
+    assert_commits(stored, raw)
+
+
+def test_input_given_as_text_or_bytes_is_tolerated() -> None:
+    # Wrongly typed inputs from a careless adapter are treated like bytes, never crash.
+    for value in ('{"a":1}', b'{"a":1}', bytearray(b'{"a":1}')):
+        block = ToolUseBlock(id="t1", name="x")
+        block.input = value  # type: ignore[assignment]
+        stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[block]))
+        assert raw[0].input == '{"a":1}'
+        assert_commits(stored, raw)
+    block = ToolUseBlock(id="t1", name="x")
+    block.input = 5  # type: ignore[assignment]
+    stored, raw = shaping.sanitize_ai_message(AIMessage(blocks=[block]))
+    assert raw[0].input == "" and bytes(stored.blocks[0].input) == b"{}"  # type: ignore[index,union-attr]
+    assert_commits(stored, raw)
+
+
+_ids = st.sampled_from(["", "a", "b", "lw_x", "\ud800", "t1"])
+_inputs = st.one_of(
+    st.sampled_from([b"{}", b'{"a":1}', b"{bad", b"", b'{"a":1,"a":2}', b"\xff", b"null", b" [1] "]),
+    st.binary(max_size=20),
+)
+_blocks: st.SearchStrategy[Block] = st.one_of(
+    st.builds(TextBlock, text=st.text(max_size=5)),
+    st.builds(RefusalBlock, text=st.text(max_size=5)),
+    st.builds(ThinkingBlock, thinking=st.text(max_size=3), signature=st.sampled_from(["", "sig"])),
+    st.builds(ImageBlock, media_type=st.just("image/png"), data=st.none() | st.just("AA==")),
+    st.builds(lambda i, n, b: tu(i, n, b), _ids, st.sampled_from(["", "calculator", "x y"]), _inputs),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.none() | st.lists(_blocks, max_size=8))
+def test_property_stored_copy_always_commits(blocks: list[Block] | None) -> None:
+    msg = AIMessage(blocks=blocks)
+    stored, raw = shaping.sanitize_ai_message(msg)
+    uses = [b for b in stored.blocks or () if isinstance(b, ToolUseBlock)]
+    assert [u.id for u in uses] == [c.id for c in raw]
+    assert len(raw) == sum(isinstance(b, ToolUseBlock) for b in blocks or ())
+    assert_commits(stored, raw)
+    assert shaping.is_empty_response(stored) == shaping.is_empty_response(msg)
+
+
+# --- is_empty_response ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("blocks", "empty"),
+    [
+        (None, True),
+        ([], True),
+        ([TextBlock(text="")], True),
+        ([ThinkingBlock()], True),
+        ([TextBlock(text=""), ThinkingBlock()], True),
+        ([TextBlock(text=" ")], False),
+        ([ThinkingBlock(thinking="x")], False),
+        ([ThinkingBlock(signature="s")], False),
+        ([RefusalBlock()], False),
+        ([ImageBlock()], False),
+        ([tu("")], False),
+        ([tu("t1", raw=b"{bad")], False),
+    ],
+)
+def test_is_empty_response(blocks: list[Block] | None, empty: bool) -> None:
+    assert shaping.is_empty_response(AIMessage(blocks=blocks)) is empty
+
+
+# --- bounded_diagnostic / summary_for_call ----------------------------------------------------------
+
+
+def test_bounded_diagnostic_short_text_unchanged() -> None:
+    assert shaping.bounded_diagnostic("calculator 1+2") == "calculator 1+2"
+    assert shaping.bounded_diagnostic("") == ""
+    assert shaping.bounded_diagnostic("x" * SUMMARY_MAX_BYTES) == "x" * SUMMARY_MAX_BYTES
+
+
+def test_bounded_diagnostic_controls_and_invalid_utf8() -> None:
+    assert shaping.bounded_diagnostic("a" + CONTROLS + "b") == "a" + " " * len(CONTROLS) + "b"
+    assert shaping.bounded_diagnostic(b"ok \xff\xfe end") == "ok \ufffd\ufffd end"
+    assert shaping.bounded_diagnostic(b"\xe2\x82") == "\ufffd"
+    assert shaping.bounded_diagnostic("lone \ud800 surrogate") == "lone \ufffd surrogate"
+    assert shaping.bounded_diagnostic("tab\there\r\nnext") == "tab here  next"
+
+
+def test_bounded_diagnostic_cut_ascii() -> None:
+    out = shaping.bounded_diagnostic("x" * (SUMMARY_MAX_BYTES + 1))
+    assert nbytes(out) == SUMMARY_MAX_BYTES and out == "x" * (SUMMARY_MAX_BYTES - 15) + MARKER
+
+
+@pytest.mark.parametrize("wide", WIDE)
+@pytest.mark.parametrize("pad", range(4))
+def test_bounded_diagnostic_never_splits_a_code_point(wide: str, pad: int) -> None:
+    text = "a" * pad + wide * 2000
+    out = shaping.bounded_diagnostic(text)
+    assert out.endswith(MARKER)
+    kept = out[: -len(MARKER)]
+    assert text.startswith(kept)
+    assert SUMMARY_MAX_BYTES - 15 - len(wide.encode()) < nbytes(kept) <= SUMMARY_MAX_BYTES - 15
+    out.encode()  # valid UTF-8, no surrogates
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5, 14, 15, 16, 17, 100])
+def test_bounded_diagnostic_small_limits(limit: int) -> None:
+    for text in ("x" * 200, "€" * 200):
+        out = shaping.bounded_diagnostic(text, limit)
+        assert nbytes(out) <= limit
+        assert text.startswith(out.removesuffix(MARKER))
+
+
+def test_bounded_diagnostic_huge_input_is_fast() -> None:
+    start = time.monotonic()
+    out = shaping.bounded_diagnostic(("ab\n€" * 2_000_000).encode())
+    assert nbytes(out) <= SUMMARY_MAX_BYTES and time.monotonic() - start < 2
+
+
+def test_summary_for_call() -> None:
+    assert shaping.summary_for_call("calculator", '{"expression":"1+2"}') == 'calculator {"expression":"1+2"}'
+    assert shaping.summary_for_call("calculator", "") == "calculator"
+    assert shaping.summary_for_call("calc", '{\n  "a": 1\n}') == 'calc {   "a": 1 }'
+    big = shaping.summary_for_call("calc", "x" * 10_000)
+    assert nbytes(big) <= SUMMARY_MAX_BYTES and big.endswith(MARKER)
+    validate_event(valid_event(ev.ToolCallStarted, summary=big))
+
+
+# --- result_preview -------------------------------------------------------------------------------
+
+
+def _preview_ok(out: str) -> None:
+    assert nbytes(out) <= PREVIEW_MAX_BYTES and out.count("\n") + 1 <= PREVIEW_MAX_LINES
+    validate_event(valid_event(ev.ToolCallCompleted, result_preview=out))
+
+
+def test_preview_short_unchanged() -> None:
+    for text in ("", "3", "a\nb\n", "\n".join(["l"] * PREVIEW_MAX_LINES), "x" * PREVIEW_MAX_BYTES, "tab\tcr\r"):
+        assert shaping.result_preview(text) == text
+
+
+def test_preview_line_cap() -> None:
+    text = "\n".join(f"line {i}" for i in range(100))
+    out = shaping.result_preview(text)
+    assert out == "\n".join(f"line {i}" for i in range(PREVIEW_MAX_LINES)) + MARKER
+    _preview_ok(out)
+    # 20 lines and a trailing newline make 21 lines: cut.
+    out = shaping.result_preview("l\n" * PREVIEW_MAX_LINES)
+    assert out == "\n".join(["l"] * PREVIEW_MAX_LINES) + MARKER
+    _preview_ok(out)
+    out = shaping.result_preview("\n" * 1000)
+    assert out == "\n" * (PREVIEW_MAX_LINES - 1) + MARKER
+    _preview_ok(out)
+
+
+def test_preview_byte_cap() -> None:
+    out = shaping.result_preview("x" * 3000)
+    assert out == "x" * 2033 + MARKER and nbytes(out) == PREVIEW_MAX_BYTES
+    out = shaping.result_preview("x" * (PREVIEW_MAX_BYTES + 1))
+    assert out == "x" * 2033 + MARKER
+    # long lines and many lines: both caps hold
+    out = shaping.result_preview(("y" * 500 + "\n") * 50)
+    assert out.endswith(MARKER) and nbytes(out) <= PREVIEW_MAX_BYTES
+    _preview_ok(out)
+
+
+@pytest.mark.parametrize("wide", WIDE)
+@pytest.mark.parametrize("pad", range(4))
+def test_preview_never_splits_a_code_point(wide: str, pad: int) -> None:
+    text = "a" * pad + wide * 3000
+    out = shaping.result_preview(text)
+    kept = out.removesuffix(MARKER)
+    assert out.endswith(MARKER) and text.startswith(kept)
+    assert 2033 - len(wide.encode()) < nbytes(kept) <= 2033
+    _preview_ok(out)
+
+
+def test_preview_normalises_invalid_text() -> None:
+    assert shaping.result_preview(b"ok \xff") == "ok \ufffd"
+    assert shaping.result_preview("x\ud800y") == "x\ufffdy"
+    _preview_ok(shaping.result_preview(b"\xf0\x9f\x98" * 2000))
+
+
+def test_preview_huge_input_is_fast() -> None:
+    start = time.monotonic()
+    _preview_ok(shaping.result_preview("z" * 20_000_000 + "\n" * 20))
+    _preview_ok(shaping.result_preview("row\n" * 2_000_000))
+    assert time.monotonic() - start < 3
+
+
+# --- truncate_result ------------------------------------------------------------------------------
+
+_OMITTED = re.compile(r"\n\[tool output truncated: omitted (\d+) of (\d+) bytes\]\n")
+
+
+def _split(out: str) -> tuple[str, int, int, str]:
+    m = _OMITTED.search(out)
+    assert m is not None, out
+    return out[: m.start()], int(m.group(1)), int(m.group(2)), out[m.end() :]
+
+
+def test_truncate_unbounded_and_fitting() -> None:
+    text = "x" * 100_000
+    assert shaping.truncate_result(text, 0) == text
+    assert shaping.truncate_result(text, 100_000) == text
+    assert shaping.truncate_result("", 256) == ""
+    with pytest.raises(ValueError):
+        shaping.truncate_result("x", -1)
+
+
+def test_truncate_keeps_head_and_tail() -> None:
+    text = "".join(f"{i:05d}\n" for i in range(2000))  # 12000 bytes
+    out = shaping.truncate_result(text, 1000)
+    head, omitted, total, tail = _split(out)
+    assert nbytes(out) == 1000  # the budget is used exactly for ASCII
+    assert total == 12_000 and omitted == total - nbytes(head) - nbytes(tail)
+    assert text.startswith(head) and text.endswith(tail)
+    assert abs(nbytes(head) - nbytes(tail)) <= 1
+
+
+@pytest.mark.parametrize("wide", WIDE)
+@pytest.mark.parametrize("pad", range(4))
+def test_truncate_never_splits_a_code_point(wide: str, pad: int) -> None:
+    text = "a" * pad + wide * 500 + "b" * pad
+    for max_bytes in range(256, 300):
+        out = shaping.truncate_result(text, max_bytes)
+        head, omitted, total, tail = _split(out)
+        assert nbytes(out) <= max_bytes
+        assert total == nbytes(text) and omitted == total - nbytes(head) - nbytes(tail)
+        assert text.startswith(head) and text.endswith(tail)
+        assert nbytes(out) > max_bytes - 2 * len(wide.encode())  # no budget wasted beyond alignment
+
+
+def test_truncate_tiny_budget_keeps_only_the_head() -> None:
+    out = shaping.truncate_result("€" * 100, 20)
+    assert out == "€" * 6
+
+
+def test_truncate_normalises_invalid_text() -> None:
+    assert shaping.truncate_result("a\ud800b", 0) == "a\ufffdb"
+    out = shaping.truncate_result("\ud800" * 1000, 256)
+    assert nbytes(out) <= 256 and "\ud800" not in out
+
+
+def test_truncate_huge_input_is_fast() -> None:
+    start = time.monotonic()
+    out = shaping.truncate_result("€" * 5_000_000, 1024 * 1024)
+    assert nbytes(out) <= 1024 * 1024 and _split(out)[2] == 15_000_000
+    assert time.monotonic() - start < 3
+
+
+# --- flatten_to_text / tool_result_message ------------------------------------------------------------
+
+
+def test_flatten_to_text() -> None:
+    blocks: list[Block] = [
+        TextBlock(text="a"),
+        RefusalBlock(text="b"),
+        ImageBlock(media_type="image/png"),
+        ThinkingBlock(thinking="t"),
+        tu("t1"),
+        TextBlock(text="c"),
+    ]
+    assert shaping.flatten_to_text(blocks) == "ab[unsupported image][unsupported thinking][unsupported tool_use]c"
+    assert shaping.flatten_to_text(None) == ""
+    assert shaping.flatten_to_text([]) == ""
+
+
+def test_tool_result_message() -> None:
+    m = shaping.tool_result_message("t1", "3", is_error=False)
+    assert m == ToolResultMessage(tool_use_id="t1", blocks=[TextBlock(text="3")], is_error=False)
+    m = shaping.tool_result_message("t1", shaping.EMPTY_RESULT, is_error=True)
+    assert m.is_error and m.blocks == [TextBlock(text="error: empty result")]
+    m = shaping.tool_result_message("t1", "x" * 5000, is_error=False, max_bytes=256)
+    assert m.blocks is not None and len(m.blocks) == 1
+    assert nbytes(m.blocks[0].text) <= 256 and "[tool output truncated: omitted" in m.blocks[0].text  # type: ignore[union-attr]
+    m = shaping.tool_result_message("t1", "bad \ud800", is_error=False)
+    assert m.blocks == [TextBlock(text="bad \ufffd")]
+
+
+# --- safe_prefix ------------------------------------------------------------------------------------
+
+
+def test_safe_prefix_keeps_only_safe_content() -> None:
+    msg = AIMessage(
+        blocks=[
+            ThinkingBlock(thinking="unsealed"),
+            ThinkingBlock(thinking="sealed", signature="sig"),
+            TextBlock(text=""),
+            TextBlock(text="partial answer"),
+            tu("t1"),
+            ImageBlock(media_type="image/png"),
+            RefusalBlock(text="no"),
+        ],
+        usage=Usage(input_tokens=5),
+    )
+    out = shaping.safe_prefix(msg, shaping.TRUNCATED_NOTICE)
+    assert out == AIMessage(
+        blocks=[
+            ThinkingBlock(thinking="sealed", signature="sig"),
+            TextBlock(text="partial answer"),
+            RefusalBlock(text="no"),
+            TextBlock(text=shaping.TRUNCATED_NOTICE),
+        ]
+    )
+    assert out.usage is None
+    assert msg.blocks is not None and len(msg.blocks) == 7  # the input is untouched
+    assert out.blocks is not None and out.blocks[1] is not msg.blocks[3]
+    validate_event(valid_event(ev.StepDone, messages=[out]))
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [None, [], [TextBlock(text="")], [tu("t1")], [ThinkingBlock(thinking="x")], [ImageBlock(media_type="image/png")]],
+)
+def test_safe_prefix_nothing_survives(blocks: list[Block] | None) -> None:
+    assert shaping.safe_prefix(AIMessage(blocks=blocks), shaping.INTERRUPTED_NOTICE) is None
+
+
+def test_safe_prefix_of_no_message() -> None:
+    assert shaping.safe_prefix(None, shaping.TRUNCATED_NOTICE) is None
+
+
+# --- properties: the bounds always hold -------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=3000)
+_any_text = st.one_of(_text, st.binary(max_size=3000), st.text(alphabet="\n€😀x\r\t", max_size=3000))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_any_text, limit=st.integers(0, 1200))
+def test_property_bounded_diagnostic(text: str | bytes, limit: int) -> None:
+    out = shaping.bounded_diagnostic(text, limit)
+    assert nbytes(out) <= limit
+    assert not any(c in CONTROLS for c in out)
+    clean = shaping.bounded_diagnostic(text, 10**9)
+    assert clean.startswith(out.removesuffix(MARKER))
+
+
+def _norm(text: str | bytes) -> str:
+    return (
+        text.decode("utf-8", errors="replace") if isinstance(text, bytes) else re.sub("[\ud800-\udfff]", "\ufffd", text)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_any_text)
+def test_property_result_preview(text: str | bytes) -> None:
+    out = shaping.result_preview(text)
+    _preview_ok(out)
+    norm = _norm(text)
+    if out != norm:  # cut: a code-point aligned prefix of at most 2033 bytes, then the marker
+        kept = out.removesuffix(MARKER)
+        assert out.endswith(MARKER) and norm.startswith(kept) and nbytes(kept) <= 2033
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.one_of(_text, st.text(alphabet="€😀x", max_size=3000)), max_bytes=st.integers(0, 2000))
+def test_property_truncate_result(text: str, max_bytes: int) -> None:
+    out = shaping.truncate_result(text, max_bytes)
+    out.encode()  # always valid UTF-8
+    norm = _norm(text)
+    if max_bytes == 0 or nbytes(norm) <= max_bytes:
+        assert out == norm
+        return
+    assert nbytes(out) <= max_bytes
+    if _OMITTED.search(out) is None:  # a budget too small for the marker keeps the head only
+        assert norm.startswith(out)
+        return
+    head, omitted, total, tail = _split(out)
+    assert total == nbytes(norm) and omitted + nbytes(head) + nbytes(tail) == total
+    assert norm.startswith(head) and norm.endswith(tail)
