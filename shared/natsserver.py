@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.procs import die_with_parent
+
 
 class NatsServerError(RuntimeError):
     pass
@@ -108,6 +110,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C aimed at the caller's group does not hit the server first
+            preexec_fn=die_with_parent,  # never outlive the process that started it (call from the main thread)
         )
         if wait:
             self.wait_ready(timeout=timeout, jetstream=not self.cluster_port)

@@ -114,8 +114,8 @@ def tool_crashed(message: str) -> str:
     return bounded_diagnostic(f"error: tool crashed: {message}")
 
 
-def tool_unavailable(name: str) -> str:
-    return bounded_diagnostic(f"error: tool unavailable: {name} (no live workers)")
+def tool_unavailable(name: str, reason: str = "no live workers") -> str:
+    return bounded_diagnostic(f"error: tool unavailable: {name} ({reason})")
 
 
 # --- UTF-8 safe text helpers ----------------------------------------------------------------------

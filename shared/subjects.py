@@ -42,6 +42,20 @@ H_LAST_SEQUENCE: Final = "Nats-Last-Sequence"
 H_STATUS: Final = "Status"
 
 
+# The JetStream API's own subjects (NATS' names, not loopwire's; no JetStream domain support needed).
+JS_API: Final = "$JS.API"
+
+
+def js_api(operation: str, stream: str) -> str:
+    """e.g. ``js_api("DIRECT.GET", "LW_HISTORY")`` → ``$JS.API.DIRECT.GET.LW_HISTORY``."""
+    return f"{JS_API}.{operation}.{stream}"
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream behind a KV bucket (nats-py's naming)."""
+    return f"KV_{bucket}"
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     """Subjects, streams and buckets for one deployment prefix."""

@@ -131,7 +131,7 @@ def load_script(path: str | Path) -> Script:
     data: object
     if p.suffix.lower() in (".yaml", ".yml"):
         try:
-            import yaml  # type: ignore[import-untyped]  # optional, never a dependency
+            import yaml  # type: ignore[import-untyped,unused-ignore]  # optional, never a dependency
         except ImportError:
             raise ScriptError("scripted model: YAML scripts need PyYAML installed; use JSON") from None
         try:

@@ -1,0 +1,399 @@
+"""The loop API: ``lw.api.<loop_id>.<verb>`` (start, input, interrupt, answer, close).
+
+Each command is a read-modify-write of the loop's folded history: fold (cached; only the tail is
+read), decide, append with OCC at the folded ``last_seq``; on a conflict read the tail and decide
+again. Every command is idempotent by its ``command_id``: it is stored in the written events'
+``cause.command_id`` and a repeat is recognised from the fold (and the events' ids are derived from
+it, so even two committers racing on one command store it once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Final
+
+from nats.aio.client import Client as NATS
+
+from shared.bus import ERR_MAX_MSGS_PER_SUBJECT, JetStreamError, JetStreamUnavailableError, js_publish
+from shared.codec import encode_event
+from shared.content import TextBlock, UserMessage
+from shared.errors import ErrorKind, InvalidEventError, LoopwireError, Rule
+from shared.events import (
+    POLICY_EFFECTS,
+    Cause,
+    Event,
+    GateResolved,
+    InputSubmitted,
+    Limits,
+    LoopClosed,
+    LoopStarted,
+    TurnInterrupted,
+    now_rfc3339,
+)
+from shared.history import LoopHistory, load
+from shared.protocol import (
+    ANSWER_ACTIONS,
+    REQUEST_TYPES,
+    AnswerRequest,
+    ApiReply,
+    CloseRequest,
+    InputRequest,
+    InterruptRequest,
+    StartRequest,
+    WireError,
+    decode_request,
+    encode,
+)
+from shared.settings import Settings
+from shared.subjects import VERBS
+from shared.validate import is_uuid, validate_event
+
+from .appender import Appender
+
+log = logging.getLogger("loopwire.committer.api")
+
+# Namespace of the event ids derived from (loop, verb, command, index).
+_EVENT_NS: Final = uuid.UUID("8f7d2c56-93b4-4c1e-9a1f-6b0d3e5a7c21")
+CACHE_LOOPS: Final = 1024
+_WORK_TIMEOUT: Final = 2.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a command decided: events to append (``events``) or the answer without a write (``seq``)."""
+
+    events: list[Event] = field(default_factory=list)
+    seq: int = 0
+    signal_work: bool = False
+
+
+def _derived_id(loop_id: str, verb: str, command_id: str, k: int) -> str:
+    return str(uuid.uuid5(_EVENT_NS, f"{loop_id}/{verb}/{command_id}/{k}"))
+
+
+def _stamp(events: list[Event], loop_id: str, verb: str, command_id: str) -> list[Event]:
+    now = now_rfc3339()
+    for k, e in enumerate(events):
+        e.event_id = _derived_id(loop_id, verb, command_id, k)
+        e.created_at = now
+        e.cause = Cause(command_id=command_id)
+    return events
+
+
+def _invalid(e: InvalidEventError) -> WireError:
+    return WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule)
+
+
+class _HistoryCache:
+    """Folds of recently used loops (LRU). Only a speed-up: OCC catches every stale entry."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, LoopHistory] = OrderedDict()
+
+    def get(self, loop_id: str) -> LoopHistory | None:
+        h = self._items.get(loop_id)
+        if h is not None:
+            self._items.move_to_end(loop_id)
+        return h
+
+    def put(self, loop_id: str, h: LoopHistory) -> None:
+        self._items[loop_id] = h
+        self._items.move_to_end(loop_id)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def drop(self, loop_id: str) -> None:
+        self._items.pop(loop_id, None)
+
+
+class LoopApi:
+    def __init__(self, nc: NATS, settings: Settings, appender: Appender) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._names = settings.names
+        self._appender = appender
+        self._cache = _HistoryCache(CACHE_LOOPS)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    async def handle(self, subject: str, data: bytes) -> bytes:
+        """The reply to one loop-API request (never raises for bad input)."""
+        try:
+            reply = await self._handle(subject, data)
+        except WireError as e:
+            return encode(ApiReply(ok=False, error=e.body()))
+        return encode(reply)
+
+    @asynccontextmanager
+    async def _loop_lock(self, loop_id: str) -> AsyncIterator[None]:
+        # One read-modify-write per loop at a time in this process (the cached fold is shared).
+        lock, users = self._locks.get(loop_id, (asyncio.Lock(), 0))
+        self._locks[loop_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[loop_id]
+            if users <= 1:
+                del self._locks[loop_id]
+            else:
+                self._locks[loop_id] = (lock, users - 1)
+
+    async def _handle(self, subject: str, data: bytes) -> ApiReply:
+        tokens = subject.split(".")
+        verb, loop_id = tokens[-1], tokens[-2] if len(tokens) >= 2 else ""
+        if verb not in VERBS:
+            raise WireError(
+                ErrorKind.INVALID, f"unknown verb {verb!r}; expected one of {', '.join(VERBS)}", field="verb"
+            )
+        if not is_uuid(loop_id):
+            raise WireError(ErrorKind.INVALID, f"loop id {loop_id!r} is not a canonical UUID", field="loop_id")
+        req = decode_request(data, REQUEST_TYPES[verb])
+        command_id = req.command_id  # type: ignore[attr-defined]
+        if not is_uuid(command_id):
+            raise WireError(ErrorKind.INVALID, "command_id must be a canonical UUID", field="command_id")
+        decide: Callable[[LoopHistory], Outcome]
+        if isinstance(req, StartRequest):
+            started = self._loop_started(loop_id, req)
+            decide = lambda h: self._start(h, started, command_id)  # noqa: E731
+        elif isinstance(req, InputRequest):
+            submitted = self._input_submitted(loop_id, req)
+            decide = lambda h: self._input(h, submitted, command_id)  # noqa: E731
+        elif isinstance(req, InterruptRequest):
+            decide = lambda h: self._interrupt(h, loop_id, command_id)  # noqa: E731
+        elif isinstance(req, AnswerRequest):
+            decide = lambda h: self._answer(h, loop_id, req)  # noqa: E731
+        else:
+            assert isinstance(req, CloseRequest)
+            decide = lambda h: self._close(h, loop_id, command_id)  # noqa: E731
+        async with self._loop_lock(loop_id):
+            seq, signal = await self._read_modify_write(loop_id, verb, command_id, decide)
+        if signal:
+            await self._signal_work(loop_id)
+        return ApiReply(ok=True, seq=seq, loop_id=loop_id if verb == "start" else None)
+
+    # --- read-modify-write ----------------------------------------------------------------------
+
+    async def _history(self, loop_id: str, deadline: float) -> LoopHistory:
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            cached = self._cache.get(loop_id)
+            try:
+                h = await load(self._nc, self._names, loop_id, cached, max_record_bytes=self._settings.max_record_bytes)
+            except JetStreamUnavailableError as e:
+                problem = str(e)
+            except JetStreamError as e:
+                if not e.retryable:
+                    raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the loop's history: {e}") from None
+                problem = str(e)
+            except LoopwireError as e:
+                self._cache.drop(loop_id)
+                raise WireError(ErrorKind.UNAVAILABLE, f"the loop's history does not decode: {e}") from None
+            else:
+                self._cache.put(loop_id, h)
+                return h
+            if loop.time() + delay > deadline:
+                raise WireError(ErrorKind.UNAVAILABLE, f"history unavailable: {problem}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _read_modify_write(
+        self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
+    ) -> tuple[int, bool]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.commit_retry_seconds
+        while True:
+            h = await self._history(loop_id, deadline)
+            outcome = decide(h)
+            if not outcome.events:
+                return outcome.seq, outcome.signal_work
+            events = _stamp(outcome.events, loop_id, verb, command_id)
+            try:
+                payloads = [encode_event(e, max_bytes=self._settings.max_record_bytes) for e in events]
+            except InvalidEventError as e:
+                raise _invalid(e) from None
+            except LoopwireError as e:
+                raise WireError(e.kind, str(e)) from None
+            try:
+                seqs = await self._appender.append(loop_id, h.last_seq, payloads, [e.event_id for e in events])
+            except WireError as e:
+                if e.kind is not ErrorKind.CONFLICT or loop.time() > deadline:
+                    raise
+                log.debug("%s on %s raced another write (%s); reading the tail again", verb, loop_id, e)
+                continue
+            for event, seq in zip(events, seqs, strict=True):
+                h.apply(event, seq)
+            return seqs[-1], outcome.signal_work
+
+    async def _signal_work(self, loop_id: str) -> None:
+        """Publish the loop's work signal; one already pending (discard-new per subject) is fine."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.commit_retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                await js_publish(self._nc, self._names.work(loop_id), b"", {}, request_timeout=_WORK_TIMEOUT)
+                return
+            except JetStreamError as e:
+                if e.err_code == ERR_MAX_MSGS_PER_SUBJECT:
+                    return
+                problem = str(e)
+            except JetStreamUnavailableError as e:
+                problem = str(e)
+            if loop.time() + delay > deadline:
+                # The command is committed; the next command or a model-step rescan picks the loop up.
+                log.error("could not signal work for loop %s: %s", loop_id, problem)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    # --- building events ------------------------------------------------------------------------
+
+    def _loop_started(self, loop_id: str, req: StartRequest) -> LoopStarted:
+        if req.default_policy is not None and req.default_policy not in POLICY_EFFECTS:
+            raise WireError(ErrorKind.INVALID, "default_policy must be allow, deny or ask", field="default_policy")
+        e = LoopStarted(
+            loop_id=loop_id,
+            model=req.model if req.model is not None else self._settings.model,
+            system=req.system or "",
+            tools=req.tools,
+            policy=dict(req.policy or {}),
+            default_policy=req.default_policy or "allow",
+            limits=req.limits if req.limits is not None else Limits(),
+        )
+        _check(e)
+        return e
+
+    def _input_submitted(self, loop_id: str, req: InputRequest) -> InputSubmitted:
+        if (req.text is None) == (req.message is None):
+            raise WireError(ErrorKind.INVALID, "give exactly one of text and message", field="text")
+        if req.message is not None:
+            message = req.message
+        else:
+            assert req.text is not None
+            if not req.text.strip():
+                raise WireError(ErrorKind.INVALID, "text must not be empty", field="text", rule=Rule.REQUIRED.value)
+            message = UserMessage(blocks=[TextBlock(text=req.text)])
+        e = InputSubmitted(loop_id=loop_id, message=message)
+        _check(e)
+        return e
+
+    # --- deciding -------------------------------------------------------------------------------
+
+    def _repeat(self, h: LoopHistory, command_id: str) -> int | None:
+        return h.commands.get(command_id)
+
+    def _start(self, h: LoopHistory, started: LoopStarted, command_id: str) -> Outcome:
+        if h.config is not None:
+            first = h.config.cause.command_id if h.config.cause is not None else ""
+            if first == command_id:
+                return Outcome(seq=h.commands.get(command_id, 0), signal_work=True)
+            raise WireError(ErrorKind.CONFLICT, "the loop was already started by another command", last_seq=h.last_seq)
+        if h.last_seq:
+            raise WireError(ErrorKind.CONFLICT, "the loop has history but no LoopStarted", last_seq=h.last_seq)
+        return Outcome(events=[started], signal_work=True)
+
+    def _require_loop(self, h: LoopHistory) -> None:
+        if h.config is None:
+            raise WireError(ErrorKind.NOT_FOUND, "no such loop (never started)")
+
+    def _input(self, h: LoopHistory, submitted: InputSubmitted, command_id: str) -> Outcome:
+        seq = self._repeat(h, command_id)
+        if seq is not None:
+            return Outcome(seq=seq, signal_work=True)
+        self._require_loop(h)
+        if h.closed:
+            raise WireError(ErrorKind.CLOSED, "the loop is closed")
+        return Outcome(events=[submitted], signal_work=True)
+
+    def _abandon_turn(self, h: LoopHistory, loop_id: str, resolver: str, reason: str) -> list[Event]:
+        t = h.open_turn
+        if t is None:
+            return []
+        events: list[Event] = [
+            GateResolved(
+                loop_id=loop_id,
+                turn_id=g.turn_id,
+                step_id=g.step_id,
+                tool_execution_id=g.tool_execution_id,
+                gate_id=g.gate.id,
+                action="abandoned",
+                resolver=resolver,
+            )
+            for g in h.open_gates
+        ]
+        events.append(TurnInterrupted(loop_id=loop_id, turn_id=t.turn_id, turn_index=t.turn_index, reason=reason))
+        return events
+
+    def _interrupt(self, h: LoopHistory, loop_id: str, command_id: str) -> Outcome:
+        seq = self._repeat(h, command_id)
+        if seq is not None:
+            return Outcome(seq=seq, signal_work=True)
+        self._require_loop(h)
+        if h.open_turn is None:
+            return Outcome(seq=h.last_seq)  # nothing to interrupt
+        return Outcome(events=self._abandon_turn(h, loop_id, "interrupt", "interrupted"), signal_work=True)
+
+    def _answer(self, h: LoopHistory, loop_id: str, req: AnswerRequest) -> Outcome:
+        seq = self._repeat(h, req.command_id)
+        if seq is not None:
+            return Outcome(seq=seq, signal_work=True)
+        self._require_loop(h)
+        if not is_uuid(req.gate_id):
+            raise WireError(ErrorKind.INVALID, "gate_id must be a canonical UUID", field="gate_id")
+        if req.action not in ANSWER_ACTIONS:
+            raise WireError(ErrorKind.INVALID, f"action must be one of {', '.join(ANSWER_ACTIONS)}", field="action")
+        g = h.gates.get(req.gate_id)
+        if g is None:
+            raise WireError(ErrorKind.NOT_FOUND, f"no gate {req.gate_id} in this loop")
+        if not h.gate_is_open(req.gate_id):
+            how = g.resolved.action if g.resolved is not None else "closed with its turn"
+            raise WireError(ErrorKind.CLOSED, f"gate {req.gate_id} is no longer open ({how})")
+        if g.gate.controls and req.action not in g.gate.controls:
+            raise WireError(
+                ErrorKind.INVALID,
+                f"action {req.action!r} is not offered by this gate ({', '.join(g.gate.controls)})",
+                field="action",
+            )
+        e = GateResolved(
+            loop_id=loop_id,
+            turn_id=g.turn_id,
+            step_id=g.step_id,
+            tool_execution_id=g.tool_execution_id,
+            gate_id=req.gate_id,
+            action=req.action,
+            text=req.text,
+            reason=req.reason,
+            resolver="operator",
+        )
+        return Outcome(events=[e], signal_work=True)
+
+    def _close(self, h: LoopHistory, loop_id: str, command_id: str) -> Outcome:
+        seq = self._repeat(h, command_id)
+        if seq is not None:
+            return Outcome(seq=seq)
+        self._require_loop(h)
+        if h.closed:
+            return Outcome(seq=h.closed_seq)  # already closed: nothing left to do
+        events = self._abandon_turn(h, loop_id, "close", "closed")
+        events.append(LoopClosed(loop_id=loop_id))
+        return Outcome(events=events)
+
+
+def _check(e: Event) -> None:
+    """Validate a command's event before it is stamped (placeholder ids, as every API event gets them)."""
+    probe = type(e)(**{f: getattr(e, f) for f in e.__struct_fields__})
+    probe.event_id = str(uuid.UUID(int=1))
+    probe.created_at = now_rfc3339()
+    probe.cause = Cause(command_id=str(uuid.UUID(int=2)))
+    try:
+        validate_event(probe)
+    except InvalidEventError as err:
+        raise _invalid(err) from None

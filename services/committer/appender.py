@@ -1,0 +1,166 @@
+"""Exactly-once appends to a loop's history subject: OCC, de-duplication, retries, resolution.
+
+One record → one publish with ``Nats-Expected-Last-Subject-Sequence`` + ``Nats-Msg-Id``; several →
+one atomic batch (OCC on the first message, a msg-id on every message). Transient failures
+(no responders, timeouts, leader elections, in-flight proposals) are retried with the same headers
+until ``commit_retry_seconds`` run out. A rejection that may mean "already stored" (10071 on R1,
+10201 for batches) is resolved with leader reads: if the first record on the subject after the
+expected sequence carries our first msg-id, the append had happened and its sequences are
+returned; otherwise it is a real conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from nats.aio.client import Client as NATS
+
+from shared.bus import (
+    ERR_BATCH_DUPLICATE_MSG_ID,
+    ERR_MSG_TOO_LARGE,
+    ERR_WRONG_LAST_SEQUENCE,
+    JetStreamError,
+    JetStreamUnavailableError,
+    PayloadTooLargeError,
+    get_msg,
+    js_publish,
+    publish_batch,
+)
+from shared.errors import ErrorKind
+from shared.protocol import WireError
+from shared.subjects import H_EXPECTED_LAST_SUBJECT_SEQ, H_EXPECTED_STREAM, H_MSG_ID, Names
+
+log = logging.getLogger("loopwire.committer.append")
+
+REQUEST_TIMEOUT: Final = 2.0
+_BACKOFF_FIRST: Final = 0.05
+_BACKOFF_MAX: Final = 0.5
+
+
+class Appender:
+    """Appends records to ``<prefix>.hist.<loop_id>``; stateless (OCC is the fence)."""
+
+    def __init__(self, nc: NATS, names: Names, *, retry_seconds: float) -> None:
+        self._nc = nc
+        self._names = names
+        self._retry_seconds = retry_seconds
+
+    async def append(
+        self, loop_id: str, expected_last_seq: int, payloads: Sequence[bytes], msg_ids: Sequence[str]
+    ) -> list[int]:
+        """Store ``payloads`` right after ``expected_last_seq``; return their stream sequences.
+
+        Raises :class:`WireError` of kind ``conflict`` (with ``last_seq``), ``unavailable`` or
+        ``too_large``. Never leaves part of a multi-record append in the stream.
+        """
+        subject = self._names.hist(loop_id)
+        stream = self._names.history_stream
+        headers: list[dict[str, str]] = []
+        for k, mid in enumerate(msg_ids):
+            h = {H_MSG_ID: mid}
+            if k == 0:
+                h[H_EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
+                h[H_EXPECTED_STREAM] = stream
+            headers.append(h)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_seconds
+        delay = _BACKOFF_FIRST
+        last_problem = "no attempt made"
+        while True:
+            remaining = deadline - loop.time()
+            timeout = max(0.2, min(REQUEST_TIMEOUT, remaining))
+            try:
+                if len(payloads) == 1:
+                    ack = await js_publish(self._nc, subject, payloads[0], headers[0], request_timeout=timeout)
+                    if ack.duplicate:
+                        await self._check_duplicate(stream, ack.seq, payloads[0], msg_ids[0], timeout)
+                    return [ack.seq]
+                ack = await publish_batch(self._nc, subject, payloads, headers, request_timeout=timeout)
+                # An atomic batch is applied as one unit: its records have consecutive sequences.
+                return list(range(ack.seq - len(payloads) + 1, ack.seq + 1))
+            except JetStreamError as e:
+                if e.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
+                    try:
+                        return await self._resolve(stream, subject, expected_last_seq, payloads, msg_ids, timeout)
+                    except JetStreamUnavailableError as u:
+                        last_problem = str(u)
+                    except JetStreamError as r:
+                        if not r.retryable:
+                            raise WireError(ErrorKind.UNAVAILABLE, f"cannot read back the loop: {r}") from None
+                        last_problem = str(r)
+                elif e.err_code == ERR_MSG_TOO_LARGE:
+                    raise WireError(ErrorKind.TOO_LARGE, e.description) from None
+                elif e.retryable:
+                    last_problem = str(e)
+                else:
+                    raise WireError(ErrorKind.UNAVAILABLE, f"JetStream refused the append: {e}") from None
+            except JetStreamUnavailableError as e:
+                last_problem = str(e)
+            except PayloadTooLargeError as e:
+                raise WireError(ErrorKind.TOO_LARGE, str(e)) from None
+            if loop.time() + delay > deadline:
+                raise WireError(
+                    ErrorKind.UNAVAILABLE,
+                    f"history unavailable for {self._retry_seconds:g}s ({last_problem}); "
+                    "retrying the same commit is safe",
+                )
+            log.debug("append to %s retried: %s", subject, last_problem)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _check_duplicate(
+        self, stream: str, seq: int, payload: bytes, msg_id: str, request_timeout: float
+    ) -> None:
+        """A de-duplicated publish: make sure the stored record is this very event (not an id reuse)."""
+        stored = await get_msg(self._nc, stream, seq=seq, request_timeout=request_timeout)
+        if stored is not None and stored.msg_id == msg_id and stored.data != payload:
+            raise WireError(
+                ErrorKind.INVALID,
+                f"event_id {msg_id} is already stored (seq {seq}) with different content",
+                field="event_id",
+                rule="is invalid",
+            )
+
+    async def _resolve(
+        self,
+        stream: str,
+        subject: str,
+        expected_last_seq: int,
+        payloads: Sequence[bytes],
+        msg_ids: Sequence[str],
+        request_timeout: float,
+    ) -> list[int]:
+        """Was this append already stored? Its sequences if so; a ``conflict`` WireError if not."""
+        timeout = request_timeout
+        seqs: list[int] = []
+        at = expected_last_seq + 1
+        for k, mid in enumerate(msg_ids):
+            m = await get_msg(self._nc, stream, seq=at, next_by_subj=subject, request_timeout=timeout)
+            if m is None or m.msg_id != mid:
+                if k == 0:
+                    break
+                # A prefix of a batch cannot be stored alone; anything else is corruption.
+                raise WireError(ErrorKind.UNAVAILABLE, f"history of {subject} holds a partial append at {at}")
+            if m.data != payloads[k]:
+                raise WireError(
+                    ErrorKind.INVALID,
+                    f"event_id {mid} is already stored (seq {m.seq}) with different content",
+                    field="event_id",
+                    rule="is invalid",
+                    index=k,
+                )
+            seqs.append(m.seq)
+            at = m.seq + 1
+        if seqs:
+            log.info("append to %s was already stored at %s (retry resolved)", subject, seqs)
+            return seqs
+        last = await get_msg(self._nc, stream, last_by_subj=subject, request_timeout=timeout)
+        last_seq = last.seq if last is not None else 0
+        raise WireError(
+            ErrorKind.CONFLICT,
+            f"expected last sequence {expected_last_seq}, the loop's last sequence is {last_seq}",
+            last_seq=last_seq,
+        )

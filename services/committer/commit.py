@@ -1,0 +1,136 @@
+"""The commit protocol: ``lw.commit.<loop_id>`` → validate every event, append, reply.
+
+Nothing is written unless every event of the request is a valid, enduring, v1 event of this loop
+that fits the size limit; then they are appended as one unit (see :mod:`.appender`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from shared.codec import decode_event, encode_event
+from shared.errors import (
+    EphemeralNotPersistableError,
+    ErrorKind,
+    InvalidEventError,
+    LoopwireError,
+    RecordTooLargeError,
+    Rule,
+    UnknownEventTypeError,
+    UnsupportedSchemaError,
+)
+from shared.events import Event
+from shared.protocol import CommitReply, CommitRequest, WireError, decode_request, encode
+from shared.validate import is_uuid
+
+from .appender import Appender
+
+MAX_EVENTS_PER_COMMIT: Final = 1000  # the server's atomic-batch limit
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Validated events of one commit and their canonical envelopes (what gets stored)."""
+
+    events: list[Event]
+    payloads: list[bytes]
+    event_ids: list[str]
+
+
+def event_error(e: LoopwireError, index: int) -> WireError:
+    """The structured error of one event that failed to decode, validate or encode."""
+    if isinstance(e, InvalidEventError):
+        return WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule, index=index)
+    if isinstance(e, EphemeralNotPersistableError):
+        return WireError(
+            ErrorKind.INVALID, str(e), event=e.type_name, field="type", rule=Rule.INVALID.value, index=index
+        )
+    if isinstance(e, UnknownEventTypeError):
+        return WireError(
+            ErrorKind.INVALID, str(e), event=e.type_name, field="type", rule=Rule.UNKNOWN_TYPE.value, index=index
+        )
+    if isinstance(e, UnsupportedSchemaError):
+        return WireError(ErrorKind.INVALID, str(e), field="v", rule=Rule.INVALID.value, index=index)
+    if isinstance(e, RecordTooLargeError):
+        return WireError(ErrorKind.TOO_LARGE, str(e), index=index)
+    return WireError(ErrorKind.INVALID, f"event {index}: {e}", index=index)
+
+
+def prepare(loop_id: str, raws: list[bytes], *, max_input_bytes: int, max_record_bytes: int) -> Prepared:
+    """Decode, validate and canonically re-encode every event; raise :class:`WireError` on the first bad one."""
+    if not raws:
+        raise WireError(ErrorKind.INVALID, "events must not be empty", field="events", rule=Rule.REQUIRED.value)
+    if len(raws) > MAX_EVENTS_PER_COMMIT:
+        raise WireError(
+            ErrorKind.TOO_LARGE, f"{len(raws)} events in one commit; at most {MAX_EVENTS_PER_COMMIT}", field="events"
+        )
+    events: list[Event] = []
+    payloads: list[bytes] = []
+    ids: list[str] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raws):
+        try:
+            event = decode_event(raw, max_bytes=max_input_bytes)
+            if event.loop_id != loop_id:
+                raise InvalidEventError(type(event).__name__, "loop_id", Rule.INVALID.value)
+            # Store the canonical encoding: a retried commit compares equal byte for byte.
+            payload = encode_event(event, max_bytes=max_record_bytes)
+        except LoopwireError as e:
+            raise event_error(e, i) from None
+        if event.event_id in seen:
+            raise WireError(
+                ErrorKind.INVALID,
+                f"event_id {event.event_id} appears twice in one commit",
+                event=type(event).__name__,
+                field="event_id",
+                rule=Rule.INVALID.value,
+                index=i,
+            )
+        seen.add(event.event_id)
+        events.append(event)
+        payloads.append(payload)
+        ids.append(event.event_id)
+    return Prepared(events=events, payloads=payloads, event_ids=ids)
+
+
+class CommitHandler:
+    def __init__(self, appender: Appender, *, max_input_bytes: int, max_record_bytes: int) -> None:
+        self._appender = appender
+        self._max_input = max_input_bytes
+        self._max_record = max_record_bytes
+
+    async def handle(self, subject: str, data: bytes) -> bytes:
+        """The reply to one commit request (never raises for bad input)."""
+        try:
+            seqs = await self._commit(subject, data)
+        except WireError as e:
+            return encode(CommitReply(ok=False, error=e.body()))
+        return encode(CommitReply(ok=True, seqs=seqs, last_seq=seqs[-1]))
+
+    async def _commit(self, subject: str, data: bytes) -> list[int]:
+        loop_id = subject.rsplit(".", 1)[-1]
+        if not is_uuid(loop_id):
+            raise WireError(ErrorKind.INVALID, f"loop id {loop_id!r} in the subject is not a UUID", field="loop_id")
+        try:
+            req = decode_request(data, CommitRequest)
+        except WireError as outer:
+            # Not strict JSON: name the offending event when it is inside one, else the request.
+            try:
+                lax = decode_request(data, CommitRequest, check_duplicates=False)
+            except WireError:
+                raise outer from None
+            self._prepare(loop_id, lax)
+            raise outer from None
+        if req.expected_last_seq < 0:
+            raise WireError(ErrorKind.INVALID, "expected_last_seq must be ≥ 0", field="expected_last_seq")
+        prepared = self._prepare(loop_id, req)
+        return await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
+
+    def _prepare(self, loop_id: str, req: CommitRequest) -> Prepared:
+        return prepare(
+            loop_id,
+            [bytes(r) for r in req.events],
+            max_input_bytes=self._max_input,
+            max_record_bytes=self._max_record,
+        )

@@ -1,0 +1,534 @@
+"""Drive one loop: start turns, run steps (model → authorise → tools → commit), open gates, go idle.
+
+The caller holds the loop's lease; correctness rests on the commit's expected sequence alone. After
+every commit the driver re-reads the history (cached fold + tail) and asks what comes next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from services.model_step.models.base import (
+    ModelError,
+    ModelRequest,
+    ModelStreamError,
+    StreamAccumulator,
+    ToolDef,
+)
+from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
+from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
+from shared import events as ev
+from shared import shaping
+from shared.client import CommitClient
+from shared.codec import decode_live, encode_live
+from shared.content import AIMessage, Message, ToolResultMessage, clone
+from shared.errors import LoopwireError
+from shared.events import Cause, Event, make, new_id
+from shared.history import GateState, LoopHistory, OpenTurn, load
+from shared.protocol import ConflictError, RemoteError, UnavailableError
+from shared.settings import Settings
+from shared.strictjson import is_strict, loads
+
+log = logging.getLogger("loopwire.model_step")
+
+ModelFactory = Callable[[str], Any]  # spec -> Model
+
+
+class StepAbandoned(Exception):
+    """The history moved under us (another writer, an interrupt): drop the in-flight step."""
+
+
+class CommitRefused(Exception):
+    """The committer refused a group as invalid or too large: a bug or an oversized step."""
+
+
+@dataclass
+class Planned:
+    """One call of the step with its authorisation outcome."""
+
+    call: ev.RawToolUse
+    execution_id: str
+    decision: ev.Decision | None = None  # None: pre-execution failure decided by the executor
+    permission_event: ev.PermissionDecided | None = None
+
+
+@dataclass
+class LoopDriver:
+    nc: NATS
+    settings: Settings
+    commits: CommitClient
+    models: ModelFactory
+    tools: Any  # services.tools registry (live specs)
+    execute: Callable[..., Awaitable[list[ToolResultMessage]]]
+    cache: dict[str, LoopHistory] = field(default_factory=dict)
+
+    @property
+    def _max_record(self) -> int:
+        return self.settings.max_record_bytes
+
+    # --- entry ------------------------------------------------------------------------------------
+
+    async def drive(self, loop_id: str) -> LoopHistory:
+        """Do every piece of pending work of ``loop_id``; return the final folded history."""
+        names = self.settings.names
+        h = await self._load(loop_id)
+        interrupted: dict[str, anyio.CancelScope] = {}
+
+        async def on_hist(msg: Msg) -> None:
+            # Another writer (the committer's loop API) ended our turn: cancel the in-flight step now.
+            try:
+                e = decode_live(msg.data)
+            except LoopwireError:
+                return
+            if isinstance(e, ev.TurnInterrupted | ev.LoopClosed):
+                for scope in interrupted.values():
+                    scope.cancel()
+
+        sub = await self.nc.subscribe(names.hist(loop_id), cb=on_hist)
+        try:
+            for _ in range(10_000):  # a bound, not a budget: each pass commits something
+                nxt = next_action(h)
+                if nxt.action is Action.NONE:
+                    break
+                with anyio.CancelScope() as scope:
+                    interrupted["step"] = scope
+                    try:
+                        await self._advance(h, nxt.action, nxt.gate)
+                    except StepAbandoned as e:
+                        log.info("loop %s: step abandoned (%s)", loop_id, e)
+                    except CommitRefused as e:
+                        log.error("loop %s: commit refused: %s", loop_id, e)
+                        if not await self._fail_after_refusal(loop_id, str(e)):
+                            break
+                interrupted.clear()
+                h = await self._load(loop_id)
+        finally:
+            await sub.unsubscribe()
+        return h
+
+    async def _fail_after_refusal(self, loop_id: str, why: str) -> bool:
+        """End the open turn (turn_panic) so a refused step is not re-run forever; False if that fails too."""
+        h = await self._load(loop_id)
+        if h.open_turn is None:
+            return False
+        try:
+            await self._fail_turn(h, "turn_panic", f"step could not be committed: {why}")
+        except (StepAbandoned, CommitRefused) as e:
+            log.error("loop %s: could not end the turn: %s", loop_id, e)
+            return False
+        return True
+
+    async def _load(self, loop_id: str) -> LoopHistory:
+        h = await load(self.nc, self.settings.names, loop_id, self.cache.get(loop_id))
+        self.cache[loop_id] = h
+        return h
+
+    async def _advance(self, h: LoopHistory, action: Action, gate: GateState | None) -> None:
+        if action is Action.START_TURN:
+            inp = h.pending_inputs[0]
+            assert inp.cause is not None
+            ts = make(
+                ev.TurnStarted,
+                loop_id=h.loop_id,
+                session_id=inp.session_id,
+                turn_id=new_id(),
+                turn_index=h.turns + 1,
+                message=clone(inp.message),
+                cause=Cause(command_id=inp.cause.command_id, event_id=inp.event_id),
+            )
+            await self._commit(h, lambda _h: [ts])
+        elif action is Action.IDLE:
+            await self._commit(h, lambda _h: [make(ev.LoopIdle, loop_id=h.loop_id)])
+        elif action is Action.RUN_STEP:
+            await self._run_step(h)
+        elif action is Action.RESUME_GATE:
+            assert gate is not None
+            await self._resume(h, gate)
+
+    # --- commits ----------------------------------------------------------------------------------
+
+    async def _commit(self, h: LoopHistory, build: Callable[[LoopHistory], list[Event] | None]) -> None:
+        """Commit ``build(h)``; on a conflict re-read and rebuild while the step is still ours.
+
+        ``build`` returns None when, after a re-read, the work no longer applies (abandon). The
+        expected sequence is the fence: a conflict never produces a duplicate or a fork.
+        """
+        pos = _position(h)
+        delay = 0.05
+        for _attempt in range(100):
+            events = build(h)
+            if events is None:
+                raise StepAbandoned("work no longer applies")
+            try:
+                await self.commits.commit(h.loop_id, h.last_seq, events, max_record_bytes=self._max_record)
+                return
+            except ConflictError:
+                h = await self._load(h.loop_id)
+                if _position(h) != pos:
+                    raise StepAbandoned("history moved: another writer or an interrupt") from None
+            except UnavailableError as e:
+                log.warning("loop %s: committer unavailable (%s); retrying", h.loop_id, e)
+                await anyio.sleep(delay)
+                delay = min(2.0, delay * 2)
+            except (RemoteError, LoopwireError) as e:
+                # invalid / too_large: never retried blindly.
+                raise CommitRefused(str(e)) from e
+        raise StepAbandoned("too many commit attempts")
+
+    async def _fail_turn(self, h: LoopHistory, kind: str, message: str, prefix: AIMessage | None = None) -> None:
+        t = h.open_turn
+        assert t is not None
+        step_id = step_id_for(t.turn_id, t.steps)
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            out: list[Event] = []
+            if prefix is not None:
+                out.append(self._step_done(cur, t, step_id, [prefix]))
+            out.append(
+                make(
+                    ev.TurnFailed,
+                    loop_id=cur.loop_id,
+                    turn_id=t.turn_id,
+                    turn_index=t.turn_index,
+                    err=ev.TurnError(kind=kind, message=shaping.bounded_diagnostic(message)),
+                )
+            )
+            out.extend(self._idle_if_nothing_pending(cur))
+            return out
+
+        await self._commit(h, build)
+
+    def _idle_if_nothing_pending(self, h: LoopHistory) -> list[Event]:
+        return [] if h.pending_inputs else [make(ev.LoopIdle, loop_id=h.loop_id)]
+
+    def _step_done(self, h: LoopHistory, t: OpenTurn, step_id: str, messages: list[Message]) -> ev.StepDone:
+        return make(ev.StepDone, loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, messages=messages)
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    async def _run_step(self, h: LoopHistory) -> None:
+        t = h.open_turn
+        assert t is not None and h.config is not None
+        step_id = step_id_for(t.turn_id, t.steps)
+        try:
+            model = self.models(h.config.model or self.settings.model)
+        except ModelError as e:
+            await self._fail_turn(h, "model_error", str(e))
+            return
+        request = ModelRequest(
+            model=getattr(model, "model", ""),
+            system=h.config.system,
+            messages=[clone(m) for m in h.messages],
+            tools=self._tool_defs(h),
+            max_tokens=h.config.limits.max_tokens,
+        )
+        acc = StreamAccumulator()
+        live = self.settings.names.live(h.loop_id, "TokenDelta")
+        try:
+            async for chunk in model.stream(request):
+                if chunk.kind in ("text", "refusal", "thinking", "signature", "tool_use"):
+                    delta = ev.TokenDelta(
+                        loop_id=h.loop_id,
+                        turn_id=t.turn_id,
+                        step_id=step_id,
+                        turn_index=t.turn_index,
+                        chunk=ev.Chunk(
+                            kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
+                        ),
+                    )
+                    await self.nc.publish(live, encode_live(delta))  # before folding (seed rule)
+                acc.add(chunk)
+        except ModelStreamError as e:
+            await self._fail_turn(
+                h,
+                "model_error",
+                f"model stream failed: {e}",
+                shaping.safe_prefix(acc.message(), shaping.TRUNCATED_NOTICE),
+            )
+            return
+        except ModelError as e:
+            await self._fail_turn(h, "model_error", str(e))
+            return
+
+        ai = acc.message()
+        if shaping.is_empty_response(ai):
+            await self._fail_turn(h, "empty_response", "the model returned an empty response")
+            return
+        stored, raw = shaping.sanitize_ai_message(ai)
+        if not raw:
+            await self._finish_turn(h, t, step_id, stored)
+            return
+        limits = h.config.limits
+        iterations, calls = t.tool_iterations + 1, t.tool_calls + len(raw)
+        if iterations > limits.max_iterations or calls > limits.max_calls_per_turn:
+            await self._fail_turn(
+                h,
+                "tool_limit",
+                f"tool limit reached: iterations {iterations}/{limits.max_iterations}, "
+                f"calls {calls}/{limits.max_calls_per_turn}",
+            )
+            return
+        suspended = ev.SuspendedStep(message=stored, calls=raw, decisions=[], iteration=iterations, calls_so_far=calls)
+        await self._authorise_and_run(h, t, step_id, suspended)
+
+    async def _resume(self, h: LoopHistory, g: GateState) -> None:
+        """Continue a step parked at a gate with the operator's answer, without calling the model."""
+        t = h.open_turn
+        assert t is not None and g.resolved is not None and g.gate.step is not None
+        s = g.gate.step
+        effect = gate_effect(g.resolved)
+        if effect == "approve":
+            d = ev.Decision(
+                tool_use_id=g.gate.tool_use_id,
+                tool_execution_id=g.tool_execution_id,
+                effect="approve",
+                reason="gate_approved",
+            )
+        elif effect == "reply":
+            d = ev.Decision(
+                tool_use_id=g.gate.tool_use_id,
+                tool_execution_id=g.tool_execution_id,
+                effect="reply",
+                reason="user_reply",
+                text=g.resolved.text,
+            )
+        else:
+            why = g.resolved.reason or "denied by operator"
+            d = ev.Decision(
+                tool_use_id=g.gate.tool_use_id,
+                tool_execution_id=g.tool_execution_id,
+                effect="deny",
+                reason="gate_denied",
+                text=shaping.permission_denied(why),
+            )
+        resumed = ev.SuspendedStep(
+            message=s.message,
+            calls=s.calls,
+            decisions=[*s.decisions, d],
+            iteration=s.iteration,
+            calls_so_far=s.calls_so_far,
+        )
+        await self._authorise_and_run(h, t, g.step_id, resumed)
+
+    def _tool_defs(self, h: LoopHistory) -> list[ToolDef]:
+        out = []
+        for spec in self.tools.live():
+            if tool_allowed_for_loop(h.config, spec.name):
+                out.append(ToolDef(name=spec.name, description=spec.description, input_schema=spec.input_schema))
+        return out
+
+    def _spec(self, h: LoopHistory, name: str) -> Any:
+        if not tool_allowed_for_loop(h.config, name):
+            return None
+        return self.tools.get(name)
+
+    async def _authorise_and_run(self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep) -> None:
+        """Authorise every call in call order (opening at most one gate), then run the batch and commit."""
+        decided = {d.tool_use_id: d for d in s.decisions}
+        grants = always_allowed(h)
+        planned: list[Planned] = []
+        for call in s.calls:
+            exec_id = execution_id_for(step_id, call.id)
+            p = Planned(call=call, execution_id=exec_id)
+            planned.append(p)
+            if call.id in decided:
+                p.decision = decided[call.id]
+                continue
+            spec = self._spec(h, call.name)
+            if call.minted_id or spec is None or not is_strict(call.input):
+                continue  # a pre-execution failure: the executor reports it, no authorisation
+            if getattr(spec, "kind", "function") == "user_input":
+                await self._open_gate(h, t, step_id, s, p, spec, kind="user_input")
+                return
+            effect = policy_effect(h.config, call.name, grants)
+            if effect == ALLOW:
+                reason = "always_allowed" if call.name in grants else "policy_allow"
+                p.decision = ev.Decision(
+                    tool_use_id=call.id, tool_execution_id=exec_id, effect="approve", reason=reason
+                )
+                if _has_policy(h.config) or reason == "always_allowed":
+                    p.permission_event = self._decided(h, t, step_id, p, "approve", reason)
+            elif effect == DENY:
+                text = shaping.permission_denied(f"policy denies {call.name}")
+                p.decision = ev.Decision(
+                    tool_use_id=call.id, tool_execution_id=exec_id, effect="deny", reason="policy_deny", text=text
+                )
+                p.permission_event = self._decided(h, t, step_id, p, "deny", "policy_deny")
+            else:
+                assert effect == ASK
+                await self._open_gate(h, t, step_id, s, p, spec, kind="permission")
+                return
+            s = ev.SuspendedStep(
+                message=s.message,
+                calls=s.calls,
+                decisions=[*s.decisions, p.decision],
+                iteration=s.iteration,
+                calls_so_far=s.calls_so_far,
+            )
+        results = await self.execute(
+            loop_id=h.loop_id,
+            turn_id=t.turn_id,
+            step_id=step_id,
+            planned=planned,
+            limits=h.config.limits if h.config else ev.Limits(),
+            spec_of=lambda name: self._spec(h, name),
+        )
+        results = _fit_results(s.message, results, self._max_record)
+        await self._commit_tool_step(h, t, step_id, s.message, planned, results)
+
+    def _decided(
+        self, h: LoopHistory, t: OpenTurn, step_id: str, p: Planned, effect: str, reason: str
+    ) -> ev.PermissionDecided:
+        return make(
+            ev.PermissionDecided,
+            loop_id=h.loop_id,
+            turn_id=t.turn_id,
+            step_id=step_id,
+            tool_execution_id=p.execution_id,
+            tool_name=p.call.name,
+            effect=effect,
+            reason=reason,
+        )
+
+    async def _open_gate(
+        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, p: Planned, spec: Any, *, kind: str
+    ) -> None:
+        gate_id = new_id()
+        common: dict[str, Any] = {
+            "loop_id": h.loop_id,
+            "turn_id": t.turn_id,
+            "step_id": step_id,
+            "tool_execution_id": p.execution_id,
+        }
+        if kind == "user_input":
+            question, choices = _question_of(p.call.input)
+            controls = ["reply"]
+            request: Event = make(ev.UserInputRequested, **common, gate_id=gate_id, question=question, choices=choices)
+        else:
+            controls = ["approve", "approve_always", "deny"]
+            request = make(
+                ev.PermissionRequested,
+                **common,
+                request=ev.PermissionRequest(
+                    gate_id=gate_id,
+                    tool_name=p.call.name,
+                    summary=shaping.summary_for_call(p.call.name, p.call.input),
+                ),
+            )
+        opened = make(
+            ev.GateOpened,
+            **common,
+            gate=ev.Gate(
+                id=gate_id, kind=kind, controls=controls, tool_use_id=p.call.id, tool_name=p.call.name, step=s
+            ),
+        )
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            return [opened, request]
+
+        await self._commit(h, build)
+
+    async def _finish_turn(self, h: LoopHistory, t: OpenTurn, step_id: str, stored: AIMessage) -> None:
+        usage = t.usage
+        if stored.usage is not None:
+            with contextlib.suppress(LoopwireError):  # an overflowing counter never loses the turn
+                usage = usage.add(stored.usage)
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            return [
+                self._step_done(cur, t, step_id, [stored]),
+                make(
+                    ev.TurnDone,
+                    loop_id=cur.loop_id,
+                    turn_id=t.turn_id,
+                    turn_index=t.turn_index,
+                    message=clone(stored),
+                    usage=usage,
+                ),
+                *self._idle_if_nothing_pending(cur),
+            ]
+
+        await self._commit(h, build)
+
+    async def _commit_tool_step(
+        self,
+        h: LoopHistory,
+        t: OpenTurn,
+        step_id: str,
+        stored: AIMessage,
+        planned: list[Planned],
+        results: list[ToolResultMessage],
+    ) -> None:
+        decisions = [p.permission_event for p in planned if p.permission_event is not None]
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            folds: list[Event] = [
+                make(
+                    ev.TurnFoldedInto,
+                    loop_id=cur.loop_id,
+                    turn_id=t.turn_id,
+                    turn_index=t.turn_index,
+                    message=clone(inp.message),
+                    cause=Cause(command_id=inp.cause.command_id if inp.cause else "", event_id=inp.event_id),
+                )
+                for inp in cur.pending_inputs
+            ]
+            return [*decisions, self._step_done(cur, t, step_id, [stored, *results]), *folds]
+
+        await self._commit(h, build)
+
+
+def _has_policy(config: ev.LoopStarted | None) -> bool:
+    """A loop with no policy at all allows every call; there is no decision worth recording per call."""
+    return config is not None and (bool(config.policy) or config.default_policy != ALLOW)
+
+
+def _fit_results(ai: AIMessage, results: list[ToolResultMessage], max_record: int) -> list[ToolResultMessage]:
+    """Shrink tool outputs (head/tail truncation) so the step group fits in one durable record."""
+    size = len(msgspec.json.encode([ai, *results]))
+    budget = int(max_record * 0.9) - 4096  # room for the envelope, header fields and other events
+    if size <= budget or not results:
+        return results
+    fixed = len(msgspec.json.encode(ai)) + 200 * len(results)
+    per = max(256, (budget - fixed) // len(results))
+    return [
+        shaping.tool_result_message(
+            r.tool_use_id, shaping.flatten_to_text(r.blocks or []), is_error=r.is_error, max_bytes=per
+        )
+        for r in results
+    ]
+
+
+Position = tuple[str, int, bool]
+
+
+def _position(h: LoopHistory) -> Position:
+    """Where the loop stands: (open turn id, committed steps in it, closed). A step's commit
+    is still valid after a conflict only if the position did not change (e.g. just a new input)."""
+    t = h.open_turn
+    return (t.turn_id if t else "", t.steps if t else -1, h.closed)
+
+
+def _question_of(raw: str) -> tuple[str, list[str]]:
+    try:
+        args = loads(raw)
+    except ValueError:
+        return "(the model sent an unreadable question)", []
+    if not isinstance(args, dict):
+        return "(the model sent an unreadable question)", []
+    q = args.get("question")
+    choices = args.get("choices")
+    question = q if isinstance(q, str) and q.strip() else "(no question given)"
+    return question, [c for c in choices if isinstance(c, str)] if isinstance(choices, list) else []
+
+
+__all__ = ["CommitRefused", "LoopDriver", "StepAbandoned"]

@@ -1,0 +1,38 @@
+"""Authorisation of tool calls: the loop's policy, "approve always" grants, and gate answers.
+
+Pure functions over the folded history, so every replica reaches the same decision for a call.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from shared.events import GateResolved, LoopStarted
+
+ALLOW: Final = "allow"
+DENY: Final = "deny"
+ASK: Final = "ask"
+
+
+def policy_effect(config: LoopStarted | None, tool_name: str, always_allowed: frozenset[str]) -> str:
+    """allow | deny | ask for ``tool_name``: grants first, then the tool's rule, then ``*``, then the default."""
+    if tool_name in always_allowed:
+        return ALLOW
+    if config is None:
+        return ALLOW
+    effect = config.policy.get(tool_name) or config.policy.get("*") or config.default_policy
+    return effect if effect in (ALLOW, DENY, ASK) else DENY
+
+
+def tool_allowed_for_loop(config: LoopStarted | None, tool_name: str) -> bool:
+    """The loop's tool allow-list (None = every live tool)."""
+    return config is None or config.tools is None or tool_name in config.tools
+
+
+def gate_effect(resolution: GateResolved) -> str:
+    """What an operator's answer means for the gated call: approve | deny | reply."""
+    if resolution.action in ("approve", "approve_always"):
+        return "approve"
+    if resolution.action == "reply":
+        return "reply"
+    return "deny"

@@ -1,0 +1,86 @@
+"""What a loop needs next, decided from its folded history alone (so any replica decides the same).
+
+The model-step driver asks :func:`next_action` after every commit; ``NONE`` means the loop is idle,
+closed, or waiting for an operator at a gate.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from enum import Enum
+
+from shared.history import GateState, LoopHistory
+
+# Step and execution ids are derived, not random: a step re-run after a crash has the same id, so
+# tool idempotency keys (<loop>:<step>:<tool_use_id>) stay stable and "one StepDone per step" is checkable.
+_STEP_NS = uuid.UUID("4f1d3c2a-7b7e-4e55-9a51-0c2f6f1b9d10")
+
+
+def step_id_for(turn_id: str, step_index: int) -> str:
+    return str(uuid.uuid5(_STEP_NS, f"{turn_id}:{step_index}"))
+
+
+def execution_id_for(step_id: str, tool_use_id: str) -> str:
+    return str(uuid.uuid5(uuid.UUID(step_id), tool_use_id))
+
+
+class Action(Enum):
+    NONE = "none"
+    START_TURN = "start_turn"
+    RUN_STEP = "run_step"
+    RESUME_GATE = "resume_gate"
+    IDLE = "idle"
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    action: Action
+    gate: GateState | None = None
+
+
+def resumable_gate(h: LoopHistory) -> GateState | None:
+    """The latest resolved gate of the open turn whose step has not been committed yet."""
+    t = h.open_turn
+    if t is None:
+        return None
+    found: GateState | None = None
+    for g in h.gates.values():
+        if g.turn_id != t.turn_id or g.resolved is None or g.step_id in h.step_ids:
+            continue
+        if g.resolved.action == "abandoned":
+            continue
+        if found is None or g.opened_seq > found.opened_seq:
+            found = g
+    return found
+
+
+def open_gate(h: LoopHistory) -> GateState | None:
+    for g in h.gates.values():
+        if g.resolved is None:
+            return g
+    return None
+
+
+def next_action(h: LoopHistory) -> Next:
+    if h.config is None or h.closed:
+        return Next(Action.NONE)
+    if h.open_turn is not None:
+        if open_gate(h) is not None:
+            return Next(Action.NONE)  # waiting for an operator; the answer brings a new work signal
+        g = resumable_gate(h)
+        if g is not None:
+            return Next(Action.RESUME_GATE, g)
+        return Next(Action.RUN_STEP)
+    if h.pending_inputs:
+        return Next(Action.START_TURN)
+    if h.turns > 0 and not h.idle:
+        return Next(Action.IDLE)
+    return Next(Action.NONE)
+
+
+def always_allowed(h: LoopHistory) -> frozenset[str]:
+    """Tools an operator approved "always" for this loop."""
+    return frozenset(
+        g.gate.tool_name for g in h.gates.values() if g.resolved is not None and g.resolved.action == "approve_always"
+    )

@@ -1,0 +1,189 @@
+"""The caller's side of the tool-call protocol (see :mod:`services.tools.protocol`).
+
+One wildcard inbox subscription per client; each call publishes the request with its own reply
+subject and waits for the final reply, reading progress replies on the way. It does not use
+``nc.request`` because a call gets several replies.
+
+Outcomes, decided without waiting for the deadline wherever possible:
+
+* ``ok`` — the worker's final result (tool errors included);
+* ``unavailable`` — no worker subscribed (NATS "no responders", immediate);
+* ``timeout`` — the worker reported the deadline passed, or nothing came until deadline + grace;
+* ``crashed`` — no reply or heartbeat for ``loss_factor`` heartbeat intervals (worker killed, hung or
+  stopped), an unreadable reply, a worker-internal failure, or the request could not be sent;
+* ``canceled`` — the call was cancelled on the worker (toolctl).
+
+Cancelling :meth:`ToolClient.call` (an anyio cancel scope around the batch) publishes
+``<prefix>.toolctl.<execution_id>`` so the worker stops the call, then propagates. The client
+publishes the same cancel when it gives up on a silent worker (heartbeat loss, deadline), so a
+worker that resumes (SIGCONT, healed partition) drops the orphaned call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.nuid import NUID
+
+from services.tools import protocol as p
+from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
+
+log = logging.getLogger("loopwire.tools.client")
+
+OK: Final = "ok"
+UNAVAILABLE: Final = "unavailable"
+TIMEOUT: Final = "timeout"
+CRASHED: Final = "crashed"
+CANCELED: Final = "canceled"
+
+_NO_RESPONDERS: Final = "503"
+DEFAULT_LOSS_FACTOR: Final = 3.0
+DEFAULT_GRACE_SECONDS: Final = 1.0
+
+ProgressFn = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    status: str  # ok | unavailable | timeout | crashed | canceled
+    result: p.ResultBody | None = None
+    message: str = ""
+    worker_id: str = ""
+
+
+class ToolClient:
+    """Calls tools over NATS. ``heartbeat_seconds`` should match the workers' ``LW_HEARTBEAT_SECONDS``
+    (a worker announces its own interval in every heartbeat, and the larger one is used)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        names: Names,
+        *,
+        heartbeat_seconds: float = 1.0,
+        loss_factor: float = DEFAULT_LOSS_FACTOR,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        self.nc = nc
+        self.names = names
+        self.heartbeat_seconds = heartbeat_seconds
+        self.loss_factor = loss_factor
+        self.grace_seconds = grace_seconds
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._pending: dict[str, MemoryObjectSendStream[Msg]] = {}
+        self._nuid = NUID()
+        self._lock = anyio.Lock()
+
+    async def start(self) -> None:
+        async with self._lock:
+            if self._sub is None:
+                self._inbox = self.nc.new_inbox()
+                self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def __aenter__(self) -> ToolClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _on_reply(self, msg: Msg) -> None:
+        token = msg.subject.rsplit(".", 1)[-1]
+        send = self._pending.get(token)
+        if send is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                send.send_nowait(msg)
+
+    async def cancel(self, execution_id: str) -> None:
+        """Ask whichever worker runs ``execution_id`` to stop it."""
+        if execution_id:
+            await self.nc.publish(self.names.toolctl(execution_id), b"")
+
+    async def call(
+        self,
+        name: str,
+        args: bytes,
+        *,
+        ids: p.CallIds,
+        timeout: float,
+        on_progress: ProgressFn | None = None,
+    ) -> CallOutcome:
+        """Run one call to completion; never raises for a worker's behaviour (only on cancellation)."""
+        await self.start()
+        token = self._nuid.next().decode()
+        reply = f"{self._inbox}.{token}"
+        send, recv = anyio.create_memory_object_stream[Msg](math.inf)
+        self._pending[token] = send
+        deadline = time.time() + timeout
+        hard_end = time.monotonic() + timeout + self.grace_seconds
+        interval = self.heartbeat_seconds
+        worker = ""
+        try:
+            try:
+                await self.nc.publish(
+                    self.names.tool(name), args, reply=reply, headers=p.request_headers(ids, int(deadline * 1000))
+                )
+            except Exception as e:  # closed connection, full reconnect buffer, oversized arguments
+                return CallOutcome(CRASHED, message=f"could not send the call ({type(e).__name__}: {e})")
+            while True:
+                wait = min(interval * self.loss_factor, hard_end - time.monotonic())
+                if wait <= 0:
+                    await self.cancel(ids.execution_id)
+                    return CallOutcome(TIMEOUT, message="no reply before the deadline", worker_id=worker)
+                msg: Msg | None = None
+                with anyio.move_on_after(wait):
+                    msg = await recv.receive()
+                if msg is None:
+                    # Giving up: tell a worker that may come back (SIGSTOP, partition) to drop the call.
+                    await self.cancel(ids.execution_id)
+                    if time.monotonic() >= hard_end:
+                        return CallOutcome(TIMEOUT, message="no reply before the deadline", worker_id=worker)
+                    return CallOutcome(CRASHED, message="worker stopped responding", worker_id=worker)
+                headers = msg.headers or {}
+                if headers.get(H_STATUS) == _NO_RESPONDERS:
+                    return CallOutcome(UNAVAILABLE, message="no live workers")
+                worker = headers.get(H_WORKER_ID, worker)
+                kind = headers.get(H_REPLY_KIND, "")
+                try:
+                    if kind == p.REPLY_PROGRESS:
+                        progress = p.decode_progress(msg.data)
+                        if progress.heartbeat_seconds > 0:
+                            interval = max(self.heartbeat_seconds, progress.heartbeat_seconds)
+                        if progress.message and on_progress is not None:
+                            await on_progress(progress.message)
+                        continue
+                    if kind == p.REPLY_RESULT:
+                        return CallOutcome(OK, result=p.decode_result(msg.data), worker_id=worker)
+                    if kind == p.REPLY_ERROR:
+                        err = p.decode_error(msg.data)
+                        status = {p.ERROR_TIMEOUT: TIMEOUT, p.ERROR_CANCELED: CANCELED}.get(err.kind, CRASHED)
+                        return CallOutcome(status, message=err.message or err.kind, worker_id=worker)
+                except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                    return CallOutcome(CRASHED, message=f"unreadable {kind} reply: {e}", worker_id=worker)
+                return CallOutcome(CRASHED, message=f"unexpected reply kind {kind!r}", worker_id=worker)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await self.cancel(ids.execution_id)
+            raise
+        finally:
+            self._pending.pop(token, None)
+            send.close()

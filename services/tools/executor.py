@@ -1,0 +1,372 @@
+"""Run one step's batch of tool calls with the seed's semantics (looprig RunBatch, design §6).
+
+Input: the planned calls in the order the model made them — each the raw tool-use view, the
+``tool_execution_id`` the caller minted and the authorisation decision (approve / deny with the
+model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Output: exactly one
+:class:`~shared.content.ToolResultMessage` per call, in call order, each one text block.
+
+1. Pre-execution checks per call, first failure wins, the tool never runs:
+   minted id → ``error: invalid tool call (missing or duplicate id)``;
+   (a ``reply`` decision is final here: its text is the result);
+   unknown tool (the registry has no worker for it, or the loop does not allow it) →
+   ``error: unknown tool: <name>``; a conflicted tool (live workers disagree on version/schema,
+   see :mod:`services.tools.registry`) → ``error: tool unavailable: <name> (...)``;
+   arguments not strict JSON → ``error: invalid tool arguments (not valid JSON)``;
+   denied → the denial text (no decision at all is denied too: fail closed).
+2. ToolCallStarted for every call, in call order, before any ToolCallCompleted; pre-execution
+   failures complete at once, in call order.
+3. Sequential tools run first, one at a time, in call order; then the rest concurrently, at most
+   ``max_parallel`` at once, calls with equal write targets one after another in call order.
+   Write target: a tool declares ``write_target="<field>"``; the key is the JSON value of that
+   top-level argument field (compared across tools; absent, null or "" = no target), so it is
+   computed here without a round trip.
+4. Normalisation: the worker's result as is (``error: ...`` texts for tool errors are made by the
+   worker); no content or only empty text → ``error: empty result``; timeout →
+   ``error: tool timed out after <s>s``; no live worker at call time (NATS no responders) →
+   ``error: tool unavailable: <name> (no live workers)``; heartbeat loss, garbage reply, worker
+   failure → ``error: tool crashed: <why>``; cancelled via toolctl → ``error: tool call canceled``.
+   ToolCallCompleted carries the bounded preview of the (shaped) result text and the duration.
+5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation.
+
+Cancelling the batch (an anyio cancel scope around :func:`run_batch`) cancels the in-flight calls
+(toolctl is published for each) and propagates; no results are returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import msgspec
+
+from services.tools import client as cl
+from services.tools.protocol import CallIds
+from services.tools.spec import valid_tool_name
+from shared import shaping
+from shared.codec import encode_live
+from shared.content import ToolResultMessage
+from shared.events import Decision, Event, Limits, RawToolUse, ToolCallCompleted, ToolCallProgress, ToolCallStarted
+from shared.events import type_name as event_type_name
+from shared.settings import Settings
+from shared.strictjson import StrictJSONError, loads
+from shared.subjects import Names
+
+log = logging.getLogger("loopwire.tools.executor")
+
+DEFAULT_MAX_PARALLEL = 8
+
+Publisher = Callable[[Event], Awaitable[None]]
+
+
+class CallPlan(Protocol):
+    """What the executor reads of a planned call (the model-step's own type fits structurally)."""
+
+    @property
+    def call(self) -> RawToolUse: ...
+
+    @property
+    def execution_id(self) -> str: ...
+
+    @property
+    def decision(self) -> Decision | None: ...
+
+
+@dataclass
+class PlannedCall:
+    call: RawToolUse
+    execution_id: str
+    decision: Decision | None = None
+
+    @classmethod
+    def approved(cls, call: RawToolUse, execution_id: str) -> PlannedCall:
+        return cls(call, execution_id, Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="approve"))
+
+    @classmethod
+    def denied(cls, call: RawToolUse, execution_id: str, text: str) -> PlannedCall:
+        d = Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="deny", text=text)
+        return cls(call, execution_id, d)
+
+    @classmethod
+    def replied(cls, call: RawToolUse, execution_id: str, text: str) -> PlannedCall:
+        d = Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="reply", text=text)
+        return cls(call, execution_id, d)
+
+
+class SpecLike(Protocol):
+    """The spec fields the executor uses (a ToolSpec / LiveTool)."""
+
+    name: str
+    sequential: bool
+    write_target: str
+    timeout_seconds: float
+
+
+SpecOf = Callable[[str], Any]
+
+
+@dataclass
+class _Item:
+    index: int
+    plan: CallPlan
+    summary: str
+    spec: Any = None
+    text: str | None = None  # set once the call's result is known
+    is_error: bool = False
+    write_key: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def _write_key(spec: Any, raw_input: str) -> str | None:
+    target = getattr(spec, "write_target", "")
+    if not target:
+        return None
+    try:
+        args = loads(raw_input)
+    except StrictJSONError:
+        return None
+    if not isinstance(args, dict) or args.get(target) in (None, ""):
+        return None  # no value, null or "": the call has no write target
+    return msgspec.json.encode(args[target], order="sorted").decode()
+
+
+def _precheck(item: _Item, spec_of: SpecOf) -> None:
+    """Pre-execution checks, first failure wins (sets item.text on failure / preset)."""
+    use, decision = item.plan.call, item.plan.decision
+    if use.minted_id:
+        item.text, item.is_error = shaping.INVALID_TOOL_CALL_ID, True
+        return
+    if decision is not None and decision.effect == "reply":
+        item.text, item.is_error = decision.text, False
+        return
+    spec = spec_of(use.name) if valid_tool_name(use.name) else None
+    if spec is None:
+        item.text, item.is_error = shaping.unknown_tool(use.name), True
+        return
+    if getattr(spec, "conflict", None):
+        reason = f"conflicting versions live: {', '.join(spec.conflict)}"
+        item.text, item.is_error = shaping.tool_unavailable(use.name, reason), True
+        return
+    try:
+        loads(use.input)
+    except StrictJSONError:
+        item.text, item.is_error = shaping.INVALID_JSON_ARGUMENTS, True
+        return
+    if decision is None or decision.effect != "approve":
+        item.text = decision.text if decision is not None and decision.text else shaping.permission_denied()
+        item.is_error = True
+        return
+    item.spec = spec
+    item.write_key = _write_key(spec, use.input)
+
+
+async def run_batch(
+    planned: Sequence[CallPlan],
+    *,
+    loop_id: str,
+    turn_id: str,
+    step_id: str,
+    spec_of: SpecOf,
+    client: cl.ToolClient,
+    publish: Publisher,
+    max_parallel: int = DEFAULT_MAX_PARALLEL,
+    max_result_bytes: int = 0,
+    on_unavailable: Callable[[str], None] | None = None,
+    traceparent: str = "",
+) -> list[ToolResultMessage]:
+    """Run one step's calls; one result per call, in call order (see the module docstring)."""
+    emit_lock = anyio.Lock()
+
+    async def emit(event: Event) -> None:
+        # Live events are best effort: a failed publish never fails the batch.
+        async with emit_lock:
+            try:
+                await publish(event)
+            except Exception:
+                log.warning("could not publish %s", event_type_name(event), exc_info=True)
+
+    def started(item: _Item) -> ToolCallStarted:
+        return ToolCallStarted(
+            loop_id=loop_id,
+            turn_id=turn_id,
+            step_id=step_id,
+            tool_execution_id=item.plan.execution_id,
+            tool_name=item.plan.call.name,
+            tool_use_id=item.plan.call.id,
+            summary=item.summary,
+        )
+
+    items = [
+        _Item(index=i, plan=pc, summary=shaping.summary_for_call(pc.call.name, pc.call.input))
+        for i, pc in enumerate(planned)
+    ]
+    for item in items:
+        _precheck(item, spec_of)
+
+    for item in items:
+        await emit(started(item))
+
+    async def complete(item: _Item) -> None:
+        assert item.text is not None
+        item.text = shaping.truncate_result(item.text, max_result_bytes)
+        await emit(
+            ToolCallCompleted(
+                loop_id=loop_id,
+                turn_id=turn_id,
+                step_id=step_id,
+                tool_execution_id=item.plan.execution_id,
+                tool_use_id=item.plan.call.id,
+                is_error=item.is_error,
+                result_preview=shaping.result_preview(item.text),
+                duration_ms=int((time.monotonic() - item.started) * 1000),
+            )
+        )
+
+    for item in items:
+        if item.text is not None:
+            await complete(item)
+
+    async def run_one(item: _Item) -> None:
+        use, spec = item.plan.call, item.spec
+        item.started = time.monotonic()
+
+        async def on_progress(message: str) -> None:
+            progress = ToolCallProgress(
+                loop_id=loop_id,
+                turn_id=turn_id,
+                step_id=step_id,
+                tool_execution_id=item.plan.execution_id,
+                message=shaping.bounded_diagnostic(message),
+            )
+            await emit(progress)
+
+        outcome = await client.call(
+            use.name,
+            use.input.encode(),
+            ids=CallIds(
+                loop_id=loop_id,
+                turn_id=turn_id,
+                step_id=step_id,
+                tool_use_id=use.id,
+                execution_id=item.plan.execution_id,
+                traceparent=traceparent,
+            ),
+            timeout=float(spec.timeout_seconds),
+            on_progress=on_progress,
+        )
+        item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
+        if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
+            on_unavailable(use.name)
+        await complete(item)
+
+    runnable = [it for it in items if it.text is None]
+    for item in runnable:
+        if item.spec.sequential:
+            await run_one(item)
+
+    limiter = anyio.CapacityLimiter(max(1, max_parallel))
+    last_of_key: dict[str, anyio.Event] = {}
+
+    async def run_parallel(item: _Item, after: anyio.Event | None, done: anyio.Event | None) -> None:
+        try:
+            if after is not None:
+                await after.wait()  # same write target: strictly after the earlier call
+            async with limiter:
+                await run_one(item)
+        finally:
+            if done is not None:
+                done.set()
+
+    async with anyio.create_task_group() as tg:
+        for item in runnable:
+            if item.spec.sequential:
+                continue
+            after = done = None
+            if item.write_key is not None:
+                after = last_of_key.get(item.write_key)
+                done = last_of_key[item.write_key] = anyio.Event()
+            tg.start_soon(run_parallel, item, after, done)
+
+    return [shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error) for it in items]
+
+
+def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, bool]:
+    """A call outcome as (model-visible text, is_error)."""
+    if outcome.status == cl.OK and outcome.result is not None:
+        text = shaping.flatten_to_text(outcome.result.blocks)
+        if not text:
+            return shaping.EMPTY_RESULT, True
+        return text, outcome.result.is_error
+    if outcome.status == cl.UNAVAILABLE:
+        return shaping.tool_unavailable(name), True
+    if outcome.status == cl.TIMEOUT:
+        return shaping.tool_timed_out(timeout), True
+    if outcome.status == cl.CANCELED:
+        return shaping.TOOL_CALL_CANCELED, True
+    return shaping.tool_crashed(outcome.message or "no result"), True
+
+
+# --- wiring for the model-step service -------------------------------------------------------------
+
+
+def live_publisher(nc: Any, names: Names) -> Publisher:
+    """Publish events on ``<prefix>.live.<loop_id>.<Type>`` (core, may be dropped)."""
+
+    async def publish(event: Event) -> None:
+        await nc.publish(names.live(event.loop_id, event_type_name(event)), encode_live(event))
+
+    return publish
+
+
+class Executor:
+    """``execute(loop_id=, turn_id=, step_id=, planned=, limits=, spec_of=None)`` for the model-step."""
+
+    def __init__(
+        self,
+        nc: Any,
+        names: Names,
+        registry: Any,
+        settings: Settings,
+        *,
+        publish: Publisher | None = None,
+        client: cl.ToolClient | None = None,
+    ) -> None:
+        self.registry = registry
+        self.client = client or cl.ToolClient(nc, names, heartbeat_seconds=settings.heartbeat_seconds)
+        self.publish = publish or live_publisher(nc, names)
+
+    async def __call__(
+        self,
+        *,
+        loop_id: str,
+        turn_id: str,
+        step_id: str,
+        planned: Sequence[CallPlan],
+        limits: Limits | None = None,
+        spec_of: SpecOf | None = None,
+        traceparent: str = "",
+    ) -> list[ToolResultMessage]:
+        lim = limits or Limits()
+        return await run_batch(
+            planned,
+            loop_id=loop_id,
+            turn_id=turn_id,
+            step_id=step_id,
+            spec_of=spec_of or self.registry.get,
+            client=self.client,
+            publish=self.publish,
+            max_parallel=lim.max_parallel or DEFAULT_MAX_PARALLEL,
+            max_result_bytes=lim.max_result_bytes,
+            on_unavailable=getattr(self.registry, "mark_no_workers", None),
+            traceparent=traceparent,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def make_executor(nc: Any, names: Names, registry: Any, settings: Settings) -> Executor:
+    return Executor(nc, names, registry, settings)

@@ -1,0 +1,235 @@
+"""Tool discovery: workers keep their spec in KV ``<prefix>_tools``; callers watch the bucket.
+
+Key ``<tool_name>.<worker_id>`` → :class:`~services.tools.spec.Registration`. A worker puts its
+entries after it subscribed (so a listed tool is callable), refreshes them every
+:data:`REFRESH_SECONDS` and deletes them on a graceful stop. The bucket's TTL
+(``shared.bus.TOOLS_TTL_SECONDS``) removes the entries of a worker that died; since that expiry is
+silent, the registry also forgets an entry it has not seen written for that long (entries loaded at
+start count as seen then, so no clock comparison with the server is needed).
+
+:class:`ToolRegistry` follows the bucket with a KV watch, so a new worker is visible to a running
+caller within milliseconds (no polling, no restart).
+
+Conflict rule: the replicas of one tool must agree on version, input schema, ``sequential``,
+``write_target`` and kind (description and timeout may differ; the newest registration's are
+used). When live workers disagree the tool is *conflicted*: :meth:`ToolRegistry.conflicts` lists
+the variants, :meth:`ToolRegistry.live` leaves it out (the model is not offered it),
+:meth:`ToolRegistry.get` returns it with ``conflict`` set, and the batch executor fails its calls
+with ``error: tool unavailable: ...`` without sending them — NATS would otherwise spread them over
+both versions of the queue group. It is usable again as soon as the workers agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import anyio
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from services.tools.spec import Registration, ToolSpec, valid_tool_name
+from shared.bus import TOOLS_TTL_SECONDS, ensure_kv
+from shared.subjects import Names
+
+log = logging.getLogger("loopwire.tools.registry")
+
+REGISTRATION_TTL_SECONDS: Final = TOOLS_TTL_SECONDS
+REFRESH_SECONDS: Final = TOOLS_TTL_SECONDS / 3
+_SWEEP_SECONDS: Final = 1.0
+
+_KV_DEL: Final = "DEL"
+_KV_PURGE: Final = "PURGE"
+
+
+async def ensure_tools_bucket(js: JetStreamContext, names: Names, replicas: int = 1) -> KeyValue:
+    """Bind the tools bucket, creating it when missing (an incompatible one is reported)."""
+    return await ensure_kv(js, names.tools_bucket, replicas=replicas, ttl=REGISTRATION_TTL_SECONDS)
+
+
+def registration_key(tool_name: str, worker_id: str) -> str:
+    return f"{tool_name}.{worker_id}"
+
+
+class LiveTool(ToolSpec, kw_only=True):
+    """A tool as the registry sees it: the spec plus how many workers serve it."""
+
+    replicas: int = 0
+    workers: list[str] = msgspec.field(default_factory=list)
+    # Non-empty when live workers disagree (see the module's conflict rule): one line per variant.
+    conflict: list[str] = msgspec.field(default_factory=list)
+
+
+_reg_decoder = msgspec.json.Decoder(Registration)
+
+
+class ToolRegistry:
+    """Live view of the tools bucket. ``await start()`` returns once the current entries are loaded."""
+
+    def __init__(self, nc: NATS, names: Names, *, replicas: int = 1) -> None:
+        self._nc = nc
+        self._names = names
+        self._replicas = replicas
+        # name -> worker id -> (arrival order, last seen (monotonic), registration)
+        self._regs: dict[str, dict[str, tuple[int, float, Registration]]] = {}
+        self._no_workers: set[str] = set()
+        self._changed = anyio.Event()
+        self._loaded = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: Any = None
+        self._seq = 0
+
+    async def __aenter__(self) -> ToolRegistry:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = 10.0) -> None:
+        kv = await ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
+        self._watcher = await kv.watchall()
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        with anyio.fail_after(timeout):
+            await self._loaded.wait()
+
+    async def stop(self) -> None:
+        for task in (self._task, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._sweeper = None
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+            self._watcher = None
+
+    async def _follow(self) -> None:
+        assert self._watcher is not None
+        async for entry in self._watcher:
+            if entry is None:  # end of the initial values
+                self._loaded.set()
+                continue
+            try:
+                self._apply(entry.key, entry.value, entry.operation)
+            except Exception:  # one bad entry never stops discovery
+                log.warning("tools registry: ignoring entry %r", entry.key, exc_info=True)
+
+    def _apply(self, key: str, value: bytes | None, op: str | None) -> None:
+        name, _, worker_id = key.partition(".")
+        if op in (_KV_DEL, _KV_PURGE) or not value:
+            workers = self._regs.get(name)
+            if workers is not None:
+                workers.pop(worker_id, None)
+                if not workers:
+                    del self._regs[name]
+        else:
+            reg = _reg_decoder.decode(value)
+            if reg.spec.name != name or not valid_tool_name(name):
+                raise ValueError(f"registration key {key!r} does not match spec name {reg.spec.name!r}")
+            self._seq += 1
+            self._regs.setdefault(name, {})[worker_id] = (self._seq, time.monotonic(), reg)
+            self._no_workers.discard(name)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _sweep(self) -> None:
+        """Forget registrations nobody refreshed for the TTL (dead workers; KV expiry is silent)."""
+        while True:
+            await asyncio.sleep(_SWEEP_SECONDS)
+            cutoff = time.monotonic() - REGISTRATION_TTL_SECONDS
+            changed = False
+            for name in list(self._regs):
+                workers = self._regs[name]
+                for worker_id in [w for w, (_, seen, _) in workers.items() if seen < cutoff]:
+                    del workers[worker_id]
+                    changed = True
+                if not workers:
+                    del self._regs[name]
+            if changed:
+                self._notify()
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def _view(self, name: str) -> LiveTool | None:
+        workers = self._regs.get(name)
+        if not workers or name in self._no_workers:
+            return None
+        newest = max(workers.values(), key=lambda sr: sr[0])[2]
+        variants: dict[bytes, list[Registration]] = {}
+        for _, _, reg in workers.values():
+            variants.setdefault(reg.spec.compatibility_key(), []).append(reg)
+        conflict = []
+        if len(variants) > 1:
+            for regs in variants.values():
+                conflict.append(f"version {regs[0].spec.version!r} ({len(regs)} worker(s))")
+            conflict.sort()
+        spec = newest.spec
+        return LiveTool(
+            **{f: getattr(spec, f) for f in ToolSpec.__struct_fields__},
+            replicas=len(workers),
+            workers=sorted(workers),
+            conflict=conflict,
+        )
+
+    def live(self) -> list[LiveTool]:
+        """Tools with at least one live worker and no conflict, by name."""
+        out = []
+        for name in sorted(self._regs):
+            view = self._view(name)
+            if view is not None and not view.conflict:
+                out.append(view)
+        return out
+
+    def get(self, name: str) -> LiveTool | None:
+        """The tool ``name`` (conflicted ones included, with ``conflict`` set), or None if no worker has it."""
+        if not valid_tool_name(name):
+            return None
+        return self._view(name)
+
+    def conflicts(self) -> dict[str, list[ToolSpec]]:
+        """Tools whose live workers disagree: name → the distinct specs."""
+        out: dict[str, list[ToolSpec]] = {}
+        for name, workers in sorted(self._regs.items()):
+            variants: dict[bytes, ToolSpec] = {}
+            for _, _, reg in workers.values():
+                variants.setdefault(reg.spec.compatibility_key(), reg.spec)
+            if len(variants) > 1:
+                out[name] = list(variants.values())
+        return out
+
+    def mark_no_workers(self, name: str) -> None:
+        """A call got "no responders": treat the tool as gone until a worker registers again."""
+        if name in self._regs:
+            self._no_workers.add(name)
+
+    async def wait_for(self, name: str, *, replicas: int = 1, timeout: float = 5.0) -> LiveTool:
+        """Wait until ``name`` has at least ``replicas`` live workers (tests, start-up ordering)."""
+        with anyio.fail_after(timeout):
+            while True:
+                view = self._view(name)
+                if view is not None and view.replicas >= replicas:
+                    return view
+                await self._changed.wait()
+
+    async def wait_gone(self, name: str, *, timeout: float = 5.0) -> None:
+        """Wait until no worker is registered for ``name``."""
+        await self.wait_until(lambda r: r.get(name) is None, timeout=timeout)
+
+    async def wait_until(self, predicate: Callable[[ToolRegistry], bool], *, timeout: float = 5.0) -> None:
+        """Wait until ``predicate(self)`` holds (re-checked on every registry change)."""
+        with anyio.fail_after(timeout):
+            while not predicate(self):
+                await self._changed.wait()

@@ -1,0 +1,306 @@
+"""Write a tool as a typed function with a decorator; the worker turns it into a NATS service.
+
+    class Add(msgspec.Struct):
+        a: float
+        b: float
+
+    @tool(description="Add two numbers.")
+    def add(args: Add) -> str:
+        return str(args.a + args.b)
+
+The function takes one msgspec Struct (its JSON Schema is the tool's ``input_schema``) and optionally
+a :class:`ToolContext` second. It may be async or sync (sync ones run in a worker thread) and returns
+a ``str``, a list of content blocks, a :class:`ToolOutput`, or ``None`` (an empty result). Raising
+:class:`ToolError` (or any exception) makes an ``error: ...`` result; nothing a caller sends crashes
+the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import sys
+import threading
+import time
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import anyio
+import msgspec
+from nats.aio.client import Client as NATS
+
+from services.tools.protocol import CallIds, ResultBody
+from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
+from shared import shaping
+from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
+from shared.settings import Settings
+
+log = logging.getLogger("loopwire.tools")
+
+_BLOCK_TYPES = (TextBlock, RefusalBlock, ThinkingBlock, ToolUseBlock, ImageBlock)
+
+
+class ToolError(Exception):
+    """Raise from a tool to return ``error: <message>`` to the model (an expected failure)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A tool's answer with an explicit error flag (``is_error=True`` is shown to the model as is)."""
+
+    text: str = ""
+    is_error: bool = False
+
+
+ToolReturn = str | list[Block] | ToolOutput | None
+
+
+class ToolContext:
+    """What a running call may use besides its arguments.
+
+    ``progress(msg)`` and ``heartbeat()`` are safe from any thread and never block; ``cancelled``
+    turns true when the call is cancelled (toolctl, deadline or shutdown) so sync tools can stop.
+    """
+
+    def __init__(
+        self,
+        *,
+        ids: CallIds | None = None,
+        idempotency_key: str = "",
+        deadline: float | None = None,
+        nc: NATS | None = None,
+        settings: Settings | None = None,
+        worker_id: str = "",
+        progress_sink: Callable[[str], None] | None = None,
+    ) -> None:
+        self.ids = ids or CallIds()
+        self.idempotency_key = idempotency_key
+        self.deadline = deadline  # unix seconds, or None
+        self.nc = nc
+        self.settings = settings or Settings()
+        self.worker_id = worker_id
+        self._sink = progress_sink
+        self._cancelled = threading.Event()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._loop_thread = threading.get_ident()
+
+    @property
+    def loop_id(self) -> str:
+        return self.ids.loop_id
+
+    @property
+    def execution_id(self) -> str:
+        return self.ids.execution_id
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+
+    def progress(self, message: str) -> None:
+        """Send a progress message to the caller (surfaced as ToolCallProgress); also a heartbeat."""
+        sink = self._sink
+        if sink is None:
+            return
+        if self._loop is None or threading.get_ident() == self._loop_thread:
+            sink(message)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the call is over anyway
+                self._loop.call_soon_threadsafe(sink, message)
+
+    def heartbeat(self) -> None:
+        """Tell the caller the call is alive now (the worker also beats on its own while it runs)."""
+        self.progress("")
+
+
+@dataclass(eq=False)
+class Tool:
+    """A tool: its function, its input type and its declaration. Built by :func:`tool`."""
+
+    fn: Callable[..., Any]
+    input_type: type[msgspec.Struct]
+    name: str
+    description: str = ""
+    version: str = "1"
+    sequential: bool = False
+    write_target: str = ""
+    timeout: float | None = None
+    kind: str = KIND_FUNCTION
+    takes_context: bool = False
+    is_async: bool = False
+    input_schema: dict[str, Any] = field(default_factory=dict)
+    _decoder: msgspec.json.Decoder[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not valid_tool_name(self.name):
+            raise ValueError(f"invalid tool name {self.name!r}: use 1-64 of [A-Za-z0-9_-]")
+        if self.kind not in KINDS:
+            raise ValueError(f"invalid tool kind {self.kind!r}: expected one of {KINDS}")
+        if self.write_target and self.write_target not in self.input_type.__struct_fields__:
+            raise ValueError(f"write_target {self.write_target!r} is not a field of {self.input_type.__name__}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError("timeout must be > 0 seconds")
+        self.input_schema = input_schema_of(self.input_type)
+        self._decoder = msgspec.json.Decoder(self.input_type)
+
+    def spec(self, settings: Settings | None = None) -> ToolSpec:
+        timeout = self.timeout if self.timeout is not None else (settings or Settings()).tool_timeout_seconds
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_schema,
+            version=self.version,
+            sequential=self.sequential,
+            has_write_target=bool(self.write_target),
+            write_target=self.write_target,
+            timeout_seconds=timeout,
+            kind=self.kind,
+        )
+
+    def decode_args(self, raw: bytes) -> Any:
+        """Decode and validate the arguments once; raises ``msgspec.ValidationError``/``DecodeError``."""
+        assert self._decoder is not None
+        return self._decoder.decode(raw)
+
+
+def _input_type_of(fn: Callable[..., Any], localns: dict[str, Any] | None = None) -> tuple[type[msgspec.Struct], bool]:
+    params = [
+        p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not params or len(params) > 2:
+        raise TypeError(f"tool {fn.__name__}: expected (args: SomeStruct) or (args: SomeStruct, ctx: ToolContext)")
+    annotation: Any = params[0].annotation
+    with contextlib.suppress(Exception):  # unresolvable forward references: keep the raw annotation
+        annotation = typing.get_type_hints(fn, localns=localns).get(params[0].name, annotation)
+    if not (isinstance(annotation, type) and issubclass(annotation, msgspec.Struct)):
+        raise TypeError(
+            f"tool {fn.__name__}: the first parameter must be annotated with a msgspec.Struct "
+            "(or pass input=TheStruct to @tool)"
+        )
+    return annotation, len(params) == 2
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    version: str = "1",
+    sequential: bool = False,
+    write_target: str | None = None,
+    timeout: float | None = None,
+    kind: str = KIND_FUNCTION,
+    input: type[msgspec.Struct] | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    version: str = "1",
+    sequential: bool = False,
+    write_target: str | None = None,
+    timeout: float | None = None,
+    kind: str = KIND_FUNCTION,
+    input: type[msgspec.Struct] | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool. ``name`` defaults to the function's name, ``description`` to its docstring.
+
+    ``sequential``: calls run first in a batch, one at a time. ``write_target``: the name of an input
+    field; calls whose values for it are equal are serialised. ``timeout``: default deadline in
+    seconds (else ``LW_TOOL_TIMEOUT_SECONDS``). ``kind="user_input"`` marks a tool the model-step
+    answers through an operator gate instead of calling a worker.
+    """
+
+    def build(f: Callable[..., Any], localns: dict[str, Any]) -> Tool:
+        detected, takes_ctx = _input_type_of(f, localns) if input is None else (input, _arity(f) == 2)
+        return Tool(
+            fn=f,
+            input_type=detected,
+            name=f.__name__ if name is None else name,
+            description=(description if description is not None else inspect.getdoc(f) or "").strip(),
+            version=version,
+            sequential=sequential,
+            write_target=write_target or "",
+            timeout=timeout,
+            kind=kind,
+            takes_context=takes_ctx,
+            is_async=inspect.iscoroutinefunction(f),
+        )
+
+    # The declaring frame's locals resolve string annotations of tools declared inside functions.
+    if fn is not None:
+        return build(fn, sys._getframe(1).f_locals)
+    return lambda f: build(f, sys._getframe(1).f_locals)
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    return sum(
+        1 for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+# --- running one call ------------------------------------------------------------------------------
+
+
+def error_result(text: str) -> ResultBody:
+    return ResultBody(blocks=[TextBlock(text=text)], is_error=True)
+
+
+def _to_result(value: object) -> ResultBody:
+    if value is None:
+        return ResultBody(blocks=[])
+    if isinstance(value, str):
+        return ResultBody(blocks=[TextBlock(text=value)])
+    if isinstance(value, ToolOutput):
+        return ResultBody(blocks=[TextBlock(text=value.text)], is_error=value.is_error)
+    if isinstance(value, TextBlock | RefusalBlock | ThinkingBlock | ToolUseBlock | ImageBlock):
+        return ResultBody(blocks=[value])
+    if isinstance(value, list) and all(isinstance(b, _BLOCK_TYPES) for b in value):
+        return ResultBody(blocks=list(value))
+    return error_result(shaping.tool_error(f"tool returned an unsupported value of type {type(value).__name__}"))
+
+
+async def invoke(t: Tool, raw: bytes, ctx: ToolContext) -> ResultBody:
+    """Decode the arguments once, run the tool, shape its outcome. Never raises (but cancellation)."""
+    try:
+        args = t.decode_args(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        return error_result(shaping.invalid_arguments(str(e)))
+    call_args = (args, ctx) if t.takes_context else (args,)
+    try:
+        if t.is_async:
+            value = await t.fn(*call_args)
+        else:
+            value = await anyio.to_thread.run_sync(functools.partial(t.fn, *call_args), abandon_on_cancel=True)
+        if inspect.isawaitable(value):  # a sync def returning an awaitable
+            value = await value
+    except ToolError as e:
+        return error_result(shaping.tool_error(str(e) or type(e).__name__))
+    except Exception as e:
+        log.warning("tool %s raised", t.name, exc_info=True)
+        return error_result(shaping.tool_error(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__))
+    return _to_result(value)

@@ -1,0 +1,79 @@
+"""What a tool declares about itself: the spec workers register and callers route by.
+
+The spec is the unit of discovery (KV ``<prefix>_tools``) and what the model sees (name, description,
+``input_schema``). Everything the *caller* needs to schedule a call without a round trip lives here:
+``sequential``, the write-target argument and the default timeout.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+
+TOOL_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+KIND_FUNCTION: Final = "function"
+KIND_USER_INPUT: Final = "user_input"
+KINDS: Final = (KIND_FUNCTION, KIND_USER_INPUT)
+
+DEFAULT_TIMEOUT_SECONDS: Final = 60.0
+
+
+def valid_tool_name(name: str) -> bool:
+    """A tool name is one subject token: letters, digits, ``_`` and ``-``, 1-64 characters."""
+    return bool(TOOL_NAME_RE.fullmatch(name))
+
+
+class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A tool's declaration. Unknown fields are ignored on decode so newer workers stay readable.
+
+    ``write_target`` names a top-level argument field (e.g. ``"path"``); calls of a batch whose value
+    for that field is equal are serialised in call order (the caller computes the key from the raw
+    arguments, no round trip). ``has_write_target`` is ``write_target != ""``.
+    """
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    version: str = "1"
+    sequential: bool = False
+    has_write_target: bool = False
+    write_target: str = ""
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    kind: str = KIND_FUNCTION
+
+    def compatibility_key(self) -> bytes:
+        """What must agree between replicas of one tool (description and timeout may differ)."""
+        return msgspec.json.encode(
+            [self.version, self.input_schema, self.sequential, self.write_target, self.kind], order="sorted"
+        )
+
+
+class Registration(msgspec.Struct, kw_only=True):
+    """The KV value a worker keeps under ``<tool_name>.<worker_id>`` while it serves the tool."""
+
+    worker_id: str
+    spec: ToolSpec
+    host: str = ""
+    pid: int = 0
+    started_at: str = ""
+
+
+def input_schema_of(input_type: type) -> dict[str, Any]:
+    """JSON Schema of an input Struct, with the top-level object inlined (models want an object schema)."""
+    schema: dict[str, Any] = msgspec.json.schema(input_type)
+    ref = schema.get("$ref")
+    defs: dict[str, Any] = dict(schema.get("$defs", {}))
+    if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+        return schema
+    top = ref[len("#/$defs/") :]
+    body = dict(defs.get(top, {}))
+    others = {k: v for k, v in defs.items() if k != top}
+    # A self-referencing input keeps its own definition so the "$ref" still resolves.
+    if ref.encode() in msgspec.json.encode([body, others]):
+        others[top] = defs[top]
+    if others:
+        body["$defs"] = others
+    return body

@@ -1,0 +1,369 @@
+"""Serve tools as NATS workers: queue-group subscriptions, heartbeats, deadlines, cancel, drain.
+
+One :class:`Worker` serves any number of tools over one connection. Each call runs as its own task
+(nats-py runs a subscription's callback sequentially, so the callback only spawns). While a call
+runs, the worker sends a progress reply every ``heartbeat_seconds``; it cancels the call at the
+request's deadline (``error`` reply ``timeout``) or on ``<prefix>.toolctl.<execution_id>``
+(``error`` reply ``canceled``).
+
+Graceful stop (``stop`` event, e.g. SIGTERM): drain the subscriptions (no new calls are taken;
+calls already delivered to this process still run), delete the registrations, wait for every
+in-flight call to answer, then return.
+
+Idempotency (precise guarantee): within one worker process, a request whose
+``Lw-Idempotency-Key`` and argument bytes equal those of a call that is running, or that finished
+less than :data:`IDEMPOTENCY_TTL_SECONDS` ago (at most :data:`IDEMPOTENCY_MAX_ENTRIES` remembered,
+least recently used evicted first), does not run the tool again: it gets the same final reply
+(while running: the same heartbeats too). A call that ended *canceled* is forgotten, so a retry
+runs it again. A duplicate routed to a *different* replica runs again;
+callers never re-send a call a worker has accepted, so this only matters for callers that retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Final, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
+
+from services.tools import protocol as p
+from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
+from services.tools.sdk import Tool, ToolContext, invoke
+from services.tools.spec import Registration
+from shared import shaping
+from shared.content import TextBlock
+from shared.settings import Settings
+from shared.subjects import H_REPLY_KIND, H_WORKER_ID
+
+log = logging.getLogger("loopwire.tools.worker")
+
+T = TypeVar("T")
+
+IDEMPOTENCY_TTL_SECONDS: Final = 60.0
+IDEMPOTENCY_MAX_ENTRIES: Final = 1024
+START_RETRY_SECONDS: Final = 30.0
+_CANCELLED_EARLY_MAX: Final = 1024
+_PROGRESS_BUFFER: Final = 16
+_REPLY_MARGIN_BYTES: Final = 4096
+
+
+@dataclass(eq=False)
+class _Call:
+    tool: Tool
+    digest: bytes
+    replies: list[str]
+    started: float = field(default_factory=time.monotonic)
+    scope: anyio.CancelScope | None = None
+    ctx: ToolContext | None = None
+    canceled: bool = False
+    done: bool = False
+    finished_at: float = 0.0
+    final_kind: str = ""
+    final_body: bytes = b""
+
+
+class Worker:
+    """Serve ``tools`` on ``nc`` until :meth:`run`'s ``stop`` event is set (then drain) or cancelled."""
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        settings: Settings,
+        nc: NATS,
+        *,
+        worker_id: str | None = None,
+        max_concurrency: int = 64,
+    ) -> None:
+        seen: set[str] = set()
+        for t in tools:
+            if t.name in seen:
+                raise ValueError(f"tool {t.name!r} given twice")
+            seen.add(t.name)
+        if not tools:
+            raise ValueError("no tools to serve")
+        self.tools = list(tools)
+        self.settings = settings
+        self.names = settings.names
+        self.nc = nc
+        self.worker_id = worker_id or uuid.uuid4().hex[:16]
+        self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self._running: dict[str, _Call] = {}  # execution id -> call
+        self._idem: OrderedDict[tuple[str, str], _Call] = OrderedDict()
+        self._cancelled_early: OrderedDict[str, float] = OrderedDict()
+        self._calls_tg: TaskGroup | None = None
+        self._registered = False
+        self._started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+    # --- life cycle --------------------------------------------------------------------------------
+
+    async def run(self, *, ready: anyio.Event | None = None, stop: anyio.Event | None = None) -> None:
+        stop = stop or anyio.Event()
+        kv = await self._retrying(
+            "tools bucket", partial(ensure_tools_bucket, self.nc.jetstream(), self.names, self.settings.replicas)
+        )
+        subs: list[Subscription] = []
+        ctl: Subscription | None = None
+        try:
+            async with anyio.create_task_group() as outer:
+                async with anyio.create_task_group() as calls:
+                    self._calls_tg = calls
+                    ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
+                    for t in self.tools:
+                        subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
+                        subs.append(await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t)))
+                    await self.nc.flush(timeout=5)
+                    # Register only once subscribed, so every listed tool is callable.
+                    await self._retrying("registration", partial(self._register, kv))
+                    refresher = anyio.CancelScope()
+                    outer.start_soon(self._refresh, kv, refresher)
+                    log.info("worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools))
+                    if ready is not None:
+                        ready.set()
+                    await stop.wait()
+                    log.info("worker %s draining", self.worker_id)
+                    refresher.cancel()
+                    # Stop taking calls first (UNSUB + round trip; already delivered ones still run),
+                    # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
+                    for sub in subs:
+                        await sub.drain()  # type: ignore[no-untyped-call]
+                    subs.clear()
+                    await self._deregister(kv)
+                    # Leaving this block waits for every in-flight call (each bounded by its deadline).
+                outer.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                if self._registered:  # cancelled from outside: still deregister
+                    await self._deregister(kv)
+                for sub in subs:
+                    await _quietly_unsubscribe(sub)
+                if ctl is not None:
+                    await _quietly_unsubscribe(ctl)
+            self._calls_tg = None
+        log.info("worker %s stopped", self.worker_id)
+
+    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Start-up steps on JetStream: it may still be electing leaders, so retry for a while."""
+        delay = 0.2
+        deadline = time.monotonic() + START_RETRY_SECONDS
+        while True:
+            try:
+                return await fn()
+            except Exception:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("worker %s: %s failed, retrying", self.worker_id, what, exc_info=True)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _register(self, kv: KeyValue) -> None:
+        for t in self.tools:
+            reg = Registration(
+                worker_id=self.worker_id,
+                spec=t.spec(self.settings),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=self._started_at,
+            )
+            await kv.put(registration_key(t.name, self.worker_id), p.encode(reg))
+        self._registered = True
+
+    async def _deregister(self, kv: KeyValue) -> None:
+        self._registered = False
+        for t in self.tools:
+            try:
+                await kv.delete(registration_key(t.name, self.worker_id))
+            except Exception:  # the TTL removes it anyway
+                log.warning("worker %s: could not deregister %s", self.worker_id, t.name, exc_info=True)
+
+    async def _refresh(self, kv: KeyValue, scope: anyio.CancelScope) -> None:
+        with scope:
+            while True:
+                await anyio.sleep(REFRESH_SECONDS)
+                try:
+                    await self._register(kv)
+                except Exception:
+                    log.warning("worker %s: registration refresh failed", self.worker_id, exc_info=True)
+
+    # --- incoming ----------------------------------------------------------------------------------
+
+    async def _on_msg(self, t: Tool, msg: Msg) -> None:
+        tg = self._calls_tg
+        if tg is None:
+            return
+        tg.start_soon(self._handle, t, msg)
+
+    async def _on_ctl(self, msg: Msg) -> None:
+        execution_id = msg.subject.rsplit(".", 1)[-1]
+        call = self._running.get(execution_id)
+        if call is None:
+            # The cancel may overtake the request: remember it briefly.
+            self._cancelled_early[execution_id] = time.monotonic()
+            while len(self._cancelled_early) > _CANCELLED_EARLY_MAX:
+                self._cancelled_early.popitem(last=False)
+            return
+        call.canceled = True
+        if call.ctx is not None:
+            call.ctx.cancel()
+        if call.scope is not None:
+            call.scope.cancel()
+
+    def _idem_lookup(self, key: tuple[str, str], digest: bytes) -> _Call | None:
+        now = time.monotonic()
+        while self._idem:
+            oldest = next(iter(self._idem.values()))
+            if oldest.done and now - oldest.finished_at > IDEMPOTENCY_TTL_SECONDS:
+                self._idem.popitem(last=False)
+            else:
+                break
+        call = self._idem.get(key)
+        if call is None or call.digest != digest or call.canceled:
+            return None  # a canceled call is being torn down: a repeat runs afresh
+        if call.done and now - call.finished_at > IDEMPOTENCY_TTL_SECONDS:
+            return None
+        self._idem.move_to_end(key)
+        return call
+
+    async def _handle(self, t: Tool, msg: Msg) -> None:
+        reply = msg.reply
+        if not reply:
+            log.warning("worker %s: %s request without a reply subject dropped", self.worker_id, t.name)
+            return
+        ids, key, deadline_ms = p.ids_from_headers(msg.headers)
+        digest = hashlib.blake2b(msg.data, digest_size=16).digest()
+        if key:
+            same = self._idem_lookup((t.name, key), digest)
+            if same is not None:
+                if same.done:
+                    await self._send(reply, same.final_kind, same.final_body)
+                else:
+                    same.replies.append(reply)  # the running call answers every waiter
+                return
+        call = _Call(tool=t, digest=digest, replies=[reply])
+        if key:
+            self._idem[(t.name, key)] = call
+            while len(self._idem) > IDEMPOTENCY_MAX_ENTRIES:
+                self._idem.popitem(last=False)
+        eid = ids.execution_id
+        if eid:
+            self._running[eid] = call
+        try:
+            kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
+        except Exception as e:  # a bug here must cost one call, never the worker
+            log.exception("worker %s: call of %s failed", self.worker_id, t.name)
+            kind, body = p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
+        except BaseException:
+            # The worker itself is being cancelled (hard stop): tell the caller, then propagate.
+            call.canceled = True
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                stopped = p.ErrorBody(kind=p.ERROR_CANCELED, message="worker stopped")
+                await self._finish(call, p.REPLY_ERROR, p.encode(stopped), (t.name, key) if key else None)
+            raise
+        finally:
+            if eid:
+                self._running.pop(eid, None)
+        await self._finish(call, kind, body, (t.name, key) if key else None)
+
+    async def _finish(self, call: _Call, kind: str, body: bytes, key: tuple[str, str] | None = None) -> None:
+        call.done = True
+        call.finished_at = time.monotonic()
+        call.final_kind, call.final_body = kind, body
+        if key is not None and call.canceled and self._idem.get(key) is call:
+            del self._idem[key]  # a canceled call did not really run: a retry runs it again
+        for reply in call.replies:
+            await self._send(reply, kind, body)
+
+    async def _execute(
+        self, t: Tool, raw: bytes, ids: p.CallIds, key: str, deadline_ms: int | None, call: _Call
+    ) -> tuple[str, bytes]:
+        timeout = t.spec(self.settings).timeout_seconds
+        deadline = deadline_ms / 1000 if deadline_ms is not None else time.time() + timeout
+        if ids.execution_id and self._cancelled_early.pop(ids.execution_id, None) is not None:
+            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
+        send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
+        ctx = ToolContext(
+            ids=ids,
+            idempotency_key=key,
+            deadline=deadline,
+            nc=self.nc,
+            settings=self.settings,
+            worker_id=self.worker_id,
+            progress_sink=partial(_offer, send),
+        )
+        call.ctx = ctx
+        result: p.ResultBody | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._beat, call, recv)
+            with anyio.CancelScope() as scope:
+                call.scope = scope
+                if call.canceled:
+                    scope.cancel()
+                with anyio.move_on_after(max(0.0, deadline - time.time())):
+                    async with self._limiter:
+                        result = await invoke(t, raw, ctx)
+            tg.cancel_scope.cancel()
+        send.close()
+        if result is not None:
+            return p.REPLY_RESULT, self._fit(result)
+        ctx.cancel()
+        if call.canceled:
+            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled"))
+        return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_TIMEOUT, message=f"deadline passed after {timeout:g}s"))
+
+    def _fit(self, result: p.ResultBody) -> bytes:
+        """Encode a result; one too big for a NATS message becomes head+tail truncated text."""
+        limit = max(1024, int(self.nc.max_payload or 1024 * 1024) - _REPLY_MARGIN_BYTES)
+        try:
+            body = p.encode(result)
+        except (UnicodeEncodeError, TypeError, ValueError):  # e.g. lone surrogates from file names
+            body = b""
+        if body and len(body) <= limit:
+            return body
+        # Too big or not encodable: one text block, UTF-8 cleaned and cut to fit.
+        text = shaping.truncate_result(shaping.flatten_to_text(result.blocks), limit // 2)
+        return p.encode(p.ResultBody(blocks=[TextBlock(text=text)], is_error=result.is_error))
+
+    async def _beat(self, call: _Call, progress: MemoryObjectReceiveStream[str]) -> None:
+        interval = self.settings.heartbeat_seconds
+        while True:
+            message: str | None = None
+            with anyio.move_on_after(interval):
+                message = await progress.receive()
+            if message is None:
+                message = f"running for {time.monotonic() - call.started:.0f}s"
+            body = p.encode(p.ProgressBody(message=shaping.bounded_diagnostic(message), heartbeat_seconds=interval))
+            for reply in list(call.replies):
+                await self._send(reply, p.REPLY_PROGRESS, body)
+
+    async def _send(self, reply: str, kind: str, body: bytes) -> None:
+        try:
+            await self.nc.publish(reply, body, headers={H_REPLY_KIND: kind, H_WORKER_ID: self.worker_id})
+        except Exception:  # the caller learns by heartbeat loss; never crash the worker
+            log.warning("worker %s: reply to %s failed", self.worker_id, reply, exc_info=True)
+
+
+def _offer(send: MemoryObjectSendStream[str], message: str) -> None:
+    # Progress is best effort: drop when the caller-bound buffer is full or the call is over.
+    with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        send.send_nowait(message)
+
+
+async def _quietly_unsubscribe(sub: Subscription) -> None:
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()

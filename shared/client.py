@@ -1,0 +1,218 @@
+"""Clients of the committer: ``CommitClient`` (model-step, tools of the trade) and ``LoopClient`` (CLI, UIs).
+
+Both **raise** on an error reply: a :class:`shared.protocol.RemoteError` subclass per kind
+(``ConflictError`` with ``last_seq``, ``InvalidRequestError``, ``UnavailableError``,
+``TooLargeError``, ``NotFoundError``, ``ClosedError``). No answer in time (or no committer running)
+raises ``UnavailableError`` too. Retrying a request unchanged is always safe: commits are
+de-duplicated by event id and loop-API commands by command id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
+from shared.content import UserMessage
+from shared.errors import ErrorKind
+from shared.events import Event, Limits
+from shared.protocol import (
+    AnswerRequest,
+    ApiReply,
+    CloseRequest,
+    CommitReply,
+    CommitRequest,
+    ErrorBody,
+    InputRequest,
+    InterruptRequest,
+    InvalidRequestError,
+    RemoteError,
+    StartRequest,
+    UnavailableError,
+    encode,
+    error_from_body,
+)
+from shared.subjects import Names
+from shared.validate import is_uuid
+
+__all__ = ["ApiResult", "CommitClient", "CommitResult", "LoopClient"]
+
+# The committer retries an unavailable JetStream for LW_COMMIT_RETRY_SECONDS (10 s) before it
+# answers; wait a little longer than that.
+DEFAULT_TIMEOUT: Final = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    seqs: list[int]
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApiResult:
+    seq: int
+    loop_id: str
+    command_id: str
+
+
+_commit_reply = msgspec.json.Decoder(CommitReply)
+_api_reply = msgspec.json.Decoder(ApiReply)
+
+
+def _unavailable(message: str) -> UnavailableError:
+    return UnavailableError(ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message=message))
+
+
+async def _request(nc: NATS, subject: str, payload: bytes, wait: float) -> bytes:
+    try:
+        msg = await nc.request(subject, payload, timeout=wait)
+    except nats.errors.NoRespondersError:
+        raise _unavailable(f"no committer is serving {subject}") from None
+    except nats.errors.TimeoutError:
+        raise _unavailable(f"no reply on {subject} within {wait:g}s") from None
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError) as e:
+        raise _unavailable(f"connection unavailable: {e!r}") from None
+    data: bytes = msg.data
+    return data
+
+
+def _bad_reply(e: Exception) -> RemoteError:
+    return _unavailable(f"unreadable reply from the committer: {e}")
+
+
+def _check_loop_id(loop_id: str) -> None:
+    # The committer refuses it too; checking here keeps a malformed id out of the subject.
+    if not is_uuid(loop_id):
+        message = f"loop id {loop_id!r} is not a canonical UUID"
+        raise InvalidRequestError(ErrorBody(kind=ErrorKind.INVALID.value, message=message, field="loop_id"))
+
+
+class CommitClient:
+    """Append events to a loop through the committer (``lw.commit.<loop_id>``)."""
+
+    def __init__(self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._nc = nc
+        self._names = names
+        self._timeout = timeout
+
+    async def commit(
+        self,
+        loop_id: str,
+        expected_last_seq: int,
+        events: Sequence[Event],
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> CommitResult:
+        """Append ``events`` (all or none) right after ``expected_last_seq`` (0 for a new loop).
+
+        Events are encoded (and so validated) here first: an invalid one raises
+        :class:`shared.errors.InvalidEventError` before anything is sent.
+        """
+        return await self.commit_raw(
+            loop_id, expected_last_seq, [encode_event(e, max_bytes=max_record_bytes) for e in events]
+        )
+
+    async def commit_raw(self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes]) -> CommitResult:
+        """Like :meth:`commit` with already-encoded envelopes (each one JSON object), unchecked."""
+        _check_loop_id(loop_id)
+        body = encode(CommitRequest(expected_last_seq=expected_last_seq, events=[msgspec.Raw(e) for e in envelopes]))
+        return self.parse_reply(await _request(self._nc, self._names.commit(loop_id), body, self._timeout))
+
+    @staticmethod
+    def parse_reply(data: bytes) -> CommitResult:
+        try:
+            reply = _commit_reply.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _bad_reply(e) from None
+        if not reply.ok or not reply.seqs:
+            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message="empty reply"))
+        return CommitResult(seqs=list(reply.seqs), last_seq=reply.last_seq or reply.seqs[-1])
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class LoopClient:
+    """The loop API (``lw.api.<loop_id>.<verb>``). Command ids are minted when not given."""
+
+    def __init__(self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._nc = nc
+        self._names = names
+        self._timeout = timeout
+
+    async def _call(self, loop_id: str, verb: str, req: msgspec.Struct, command_id: str) -> ApiResult:
+        _check_loop_id(loop_id)
+        data = await _request(self._nc, self._names.api(loop_id, verb), encode(req), self._timeout)
+        try:
+            reply = _api_reply.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _bad_reply(e) from None
+        if not reply.ok or reply.seq is None:
+            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message="empty reply"))
+        return ApiResult(seq=reply.seq, loop_id=reply.loop_id or loop_id, command_id=command_id)
+
+    async def start(
+        self,
+        loop_id: str | None = None,
+        *,
+        model: str | None = None,
+        system: str | None = None,
+        tools: list[str] | None = None,
+        policy: dict[str, str] | None = None,
+        default_policy: str | None = None,
+        limits: Limits | None = None,
+        command_id: str | None = None,
+    ) -> ApiResult:
+        """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL."""
+        loop_id = loop_id or _new_id()
+        cid = command_id or _new_id()
+        req = StartRequest(
+            command_id=cid,
+            model=model,
+            system=system,
+            tools=tools,
+            policy=policy,
+            default_policy=default_policy,
+            limits=limits,
+        )
+        return await self._call(loop_id, "start", req, cid)
+
+    async def input(
+        self,
+        loop_id: str,
+        text: str | None = None,
+        *,
+        message: UserMessage | None = None,
+        command_id: str | None = None,
+    ) -> ApiResult:
+        cid = command_id or _new_id()
+        return await self._call(loop_id, "input", InputRequest(command_id=cid, text=text, message=message), cid)
+
+    async def interrupt(self, loop_id: str, *, command_id: str | None = None) -> ApiResult:
+        cid = command_id or _new_id()
+        return await self._call(loop_id, "interrupt", InterruptRequest(command_id=cid), cid)
+
+    async def answer(
+        self,
+        loop_id: str,
+        gate_id: str,
+        action: str,
+        *,
+        text: str = "",
+        reason: str = "",
+        command_id: str | None = None,
+    ) -> ApiResult:
+        cid = command_id or _new_id()
+        req = AnswerRequest(command_id=cid, gate_id=gate_id, action=action, text=text, reason=reason)
+        return await self._call(loop_id, "answer", req, cid)
+
+    async def close(self, loop_id: str, *, command_id: str | None = None) -> ApiResult:
+        cid = command_id or _new_id()
+        return await self._call(loop_id, "close", CloseRequest(command_id=cid), cid)

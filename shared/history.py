@@ -1,0 +1,389 @@
+"""A loop's committed history for every consumer: fold it (``LoopHistory``) and read it (``replay``).
+
+Fold rules (the seed's ``foldLoop``): ``TurnStarted`` appends its message, counts a turn and opens
+it; ``StepDone`` appends its messages in order; ``TurnFoldedInto`` appends its message; the three
+terminals close the turn and add nothing (TurnDone's message is already in the last StepDone);
+everything else leaves ``messages`` alone. Usage is summed from StepDone AIMessage usage only,
+never from TurnDone, so nothing is counted twice.
+
+``replay`` reads the first 1,000 records with one Direct Get batch (no consumer: cheapest for a
+short history or a tail) and anything beyond (a long history, or live records with ``follow=True``)
+with an ordered consumer that starts right after the last record read, so nothing is missed or
+repeated across the switch. For 6,000 interleaved records the ordered consumer measured ~0.13 s
+against ~0.22 s for Direct Get batches (transfer only; decoding costs ~30 µs a record either way).
+Every yielded event is freshly decoded and validated: the consumer owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from typing import Final
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from shared.bus import JetStreamUnavailableError, direct_get_batch, get_msg, subjects
+from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
+from shared.content import UINT64_MAX, AIMessage, Message, Usage, clone, clone_messages, tool_uses
+from shared.errors import InvalidEventError, Rule, UsageOverflowError
+from shared.events import (
+    Event,
+    Gate,
+    GateOpened,
+    GateResolved,
+    InputSubmitted,
+    LoopClosed,
+    LoopIdle,
+    LoopStarted,
+    StepDone,
+    TurnDone,
+    TurnFailed,
+    TurnFoldedInto,
+    TurnInterrupted,
+    TurnStarted,
+)
+from shared.settings import Settings
+from shared.subjects import DEFAULT_NAMES, Names
+from shared.validate import is_uuid
+
+__all__ = ["GateState", "LoopHistory", "OpenTurn", "fold", "load", "loops", "replay"]
+
+# Events whose cause.command_id records a loop-API command (TurnStarted / TurnFoldedInto carry the
+# command_id of the input they consume instead, which is not a new command).
+COMMAND_EVENTS: Final = (LoopStarted, InputSubmitted, GateResolved, TurnInterrupted, LoopClosed)
+DIRECT_BATCH: Final = 1000  # records read with one Direct Get before switching to a consumer
+IDLE_TIMEOUT: Final = 10.0
+QUEUE_LIMIT: Final = 4096
+
+
+class OpenTurn(msgspec.Struct, kw_only=True):
+    turn_id: str
+    turn_index: int
+    started_seq: int
+    steps: int = 0
+    tool_iterations: int = 0  # committed steps that ran tools
+    tool_calls: int = 0  # tool uses in those steps
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class GateState(msgspec.Struct, kw_only=True):
+    gate: Gate
+    turn_id: str
+    step_id: str
+    tool_execution_id: str
+    opened_seq: int
+    resolved: GateResolved | None = None
+    resolved_seq: int = 0
+
+
+def _add_usage(a: Usage, b: Usage) -> Usage:
+    try:
+        return a.add(b)
+    except UsageOverflowError:
+        # Saturate instead of failing the fold: a history must always be readable.
+        return Usage(**{f: min(UINT64_MAX, getattr(a, f) + getattr(b, f)) for f in Usage.__struct_fields__})
+
+
+class LoopHistory(msgspec.Struct, kw_only=True):
+    """The fold of one loop's committed events. Build with :func:`fold` or :meth:`apply`."""
+
+    loop_id: str = ""
+    config: LoopStarted | None = None
+    messages: list[Message] = msgspec.field(default_factory=list)
+    turns: int = 0
+    open_turn: OpenTurn | None = None
+    gates: dict[str, GateState] = msgspec.field(default_factory=dict)
+    pending_inputs: list[InputSubmitted] = msgspec.field(default_factory=list)
+    consumed_inputs: set[str] = msgspec.field(default_factory=set)
+    commands: dict[str, int] = msgspec.field(default_factory=dict)  # command_id → seq of its last event
+    step_ids: set[str] = msgspec.field(default_factory=set)
+    last_seq: int = 0
+    usage: Usage = msgspec.field(default_factory=Usage)
+    closed: bool = False
+    closed_seq: int = 0
+    idle: bool = False
+    events: int = 0
+
+    # --- views
+
+    @property
+    def started(self) -> bool:
+        return self.config is not None
+
+    @property
+    def open_gates(self) -> list[GateState]:
+        """Gates of the open turn nobody has resolved yet (in opening order)."""
+        t = self.open_turn
+        if t is None:
+            return []
+        return [g for g in self.gates.values() if g.resolved is None and g.turn_id == t.turn_id]
+
+    @property
+    def resolved_gates(self) -> list[GateState]:
+        """Gates of the open turn that were answered (not abandoned) whose step is not committed yet."""
+        t = self.open_turn
+        if t is None:
+            return []
+        return [
+            g
+            for g in self.gates.values()
+            if g.resolved is not None
+            and g.resolved.action != "abandoned"
+            and g.turn_id == t.turn_id
+            and g.step_id not in self.step_ids
+        ]
+
+    def gate_is_open(self, gate_id: str) -> bool:
+        g = self.gates.get(gate_id)
+        t = self.open_turn
+        return g is not None and g.resolved is None and t is not None and g.turn_id == t.turn_id
+
+    # --- folding
+
+    def apply(self, event: Event, seq: int = 0) -> None:
+        """Fold one committed event (stored at ``seq``). Records at or below ``last_seq`` are skipped.
+
+        Message content is cloned: the history never shares objects with the caller's event.
+        """
+        if seq and seq <= self.last_seq:
+            return
+        if not self.loop_id:
+            self.loop_id = event.loop_id
+        if seq:
+            self.last_seq = seq
+        self.events += 1
+        cmd = event.cause.command_id if event.cause is not None else ""
+        if cmd and isinstance(event, COMMAND_EVENTS):
+            self.commands[cmd] = seq
+
+        if isinstance(event, StepDone):
+            self.idle = False
+            msgs = clone_messages(event.messages) or []
+            self.messages.extend(msgs)
+            self.step_ids.add(event.step_id)
+            head = msgs[0] if msgs else None
+            usage = head.usage if isinstance(head, AIMessage) else None
+            if usage is not None:
+                self.usage = _add_usage(self.usage, usage)
+            t = self.open_turn
+            if t is not None and t.turn_id == event.turn_id:
+                t.steps += 1
+                if usage is not None:
+                    t.usage = _add_usage(t.usage, usage)
+                if len(msgs) > 1 and isinstance(head, AIMessage):
+                    t.tool_iterations += 1
+                    t.tool_calls += len(tool_uses(head))
+        elif isinstance(event, TurnStarted):
+            self.idle = False
+            self.messages.append(clone(event.message))
+            self.turns += 1
+            self.open_turn = OpenTurn(turn_id=event.turn_id, turn_index=event.turn_index, started_seq=seq)
+            self._consume(cmd)
+        elif isinstance(event, TurnFoldedInto):
+            self.idle = False
+            self.messages.append(clone(event.message))
+            self._consume(cmd)
+        elif isinstance(event, TurnDone | TurnFailed | TurnInterrupted):
+            self.idle = False
+            if self.open_turn is not None and self.open_turn.turn_id == event.turn_id:
+                self.open_turn = None
+        elif isinstance(event, InputSubmitted):
+            if cmd not in self.consumed_inputs:
+                self.pending_inputs.append(clone(event))
+        elif isinstance(event, GateOpened):
+            self.gates[event.gate.id] = GateState(
+                gate=clone(event.gate),
+                turn_id=event.turn_id,
+                step_id=event.step_id,
+                tool_execution_id=event.tool_execution_id,
+                opened_seq=seq,
+            )
+        elif isinstance(event, GateResolved):
+            g = self.gates.get(event.gate_id)
+            if g is not None and g.resolved is None:
+                g.resolved = clone(event)
+                g.resolved_seq = seq
+        elif isinstance(event, LoopIdle):
+            self.idle = True
+        elif isinstance(event, LoopClosed):
+            if not self.closed:
+                self.closed = True
+                self.closed_seq = seq
+        elif isinstance(event, LoopStarted) and self.config is None:
+            self.config = clone(event)
+
+    def _consume(self, command_id: str) -> None:
+        if not command_id:
+            return
+        self.consumed_inputs.add(command_id)
+        self.pending_inputs = [i for i in self.pending_inputs if i.cause is None or i.cause.command_id != command_id]
+
+    def copy(self) -> LoopHistory:
+        """A deep, independent copy."""
+        return msgspec.json.decode(msgspec.json.encode(self), type=LoopHistory)
+
+
+def fold(events: Iterable[tuple[int, Event]], loop_id: str = "") -> LoopHistory:
+    """Fold ``(seq, event)`` pairs in order into a new :class:`LoopHistory`."""
+    h = LoopHistory(loop_id=loop_id)
+    for seq, event in events:
+        h.apply(event, seq)
+    return h
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _names(settings: Settings | None, names: Names | None) -> Names:
+    if names is not None:
+        return names
+    return settings.names if settings is not None else DEFAULT_NAMES
+
+
+def _decode(data: bytes, loop_id: str, max_bytes: int) -> Event:
+    event = decode_event(data, max_bytes=max_bytes)
+    if event.loop_id != loop_id:
+        raise InvalidEventError(type(event).__name__, "loop_id", Rule.INVALID.value)
+    return event
+
+
+async def replay(
+    nc: NATS,
+    loop_id: str,
+    *,
+    settings: Settings | None = None,
+    names: Names | None = None,
+    from_seq: int = 0,
+    follow: bool = False,
+    max_record_bytes: int | None = None,
+) -> AsyncIterator[tuple[int, Event]]:
+    """Yield ``(seq, event)`` for every committed record of ``loop_id`` from ``from_seq``, in order.
+
+    Without ``follow`` the iteration ends at the end of the history as it was when reached. With
+    ``follow`` it then waits for new records forever (close the iterator to stop, e.g. with
+    ``contextlib.aclosing``). Raises :class:`shared.errors.CodecError` / ``InvalidEventError`` for a
+    record that does not decode (never expected: the committer validated it), and
+    :class:`shared.bus.JetStreamUnavailableError` when the stream cannot be read.
+    """
+    if not is_uuid(loop_id):
+        raise ValueError(f"loop_id must be a canonical UUID, got {loop_id!r}")
+    n = _names(settings, names)
+    max_bytes = max_record_bytes or (settings.max_record_bytes if settings is not None else DEFAULT_MAX_RECORD_BYTES)
+    subject = n.hist(loop_id)
+    last = max(0, from_seq - 1)
+    # One Direct Get batch first: cheapest for the usual short history or tail (no consumer).
+    batch = await direct_get_batch(nc, n.history_stream, subject, start_seq=last + 1, batch=DIRECT_BATCH)
+    for m in batch.messages:
+        if m.seq <= last:
+            continue
+        event = _decode(m.data, loop_id, max_bytes)
+        last = m.seq
+        yield m.seq, event
+    more = bool(batch.messages) and batch.num_pending > 0
+    if not more and not follow:
+        return
+    # The rest of a long history (measured faster than more Direct Get batches) and/or live records.
+    async for item in _consume(nc, n, loop_id, subject, last, max_bytes, until_caught_up=not follow):
+        yield item
+
+
+async def _consume(
+    nc: NATS, n: Names, loop_id: str, subject: str, last: int, max_bytes: int, *, until_caught_up: bool
+) -> AsyncIterator[tuple[int, Event]]:
+    """Records after ``last`` through an ordered consumer; ends once caught up if ``until_caught_up``."""
+    # Hand messages over in bulk (one wake-up per burst, not per record). A slow reader blocks the
+    # callback once QUEUE_LIMIT records wait, which lets the consumer's flow control slow the server.
+    pending: deque[Msg] = deque()
+    arrived = asyncio.Event()
+    drained = asyncio.Event()
+
+    async def on_msg(m: Msg) -> None:
+        while len(pending) >= QUEUE_LIMIT:
+            drained.clear()
+            await drained.wait()
+        pending.append(m)
+        arrived.set()
+
+    js = nc.jetstream()
+    config = api.ConsumerConfig(
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=last + 1,
+        inactive_threshold=30.0,
+    )
+    sub = await js.subscribe(subject, stream=n.history_stream, ordered_consumer=True, cb=on_msg, config=config)
+    try:
+        while True:
+            if not pending:
+                arrived.clear()
+                if until_caught_up:
+                    try:
+                        await asyncio.wait_for(arrived.wait(), IDLE_TIMEOUT)
+                    except TimeoutError:
+                        raise JetStreamUnavailableError(f"replay of {subject} stalled for {IDLE_TIMEOUT:g}s") from None
+                else:
+                    await arrived.wait()
+            burst = list(pending)
+            pending.clear()
+            drained.set()
+            for m in burst:
+                meta = m.metadata
+                seq = meta.sequence.stream
+                if seq > last:  # an ordered-consumer reset can redeliver
+                    event = _decode(m.data, loop_id, max_bytes)
+                    last = seq
+                    yield seq, event
+                if until_caught_up and meta.num_pending == 0:
+                    return
+    finally:
+        with contextlib.suppress(nats.errors.Error, asyncio.CancelledError):
+            await sub.unsubscribe()
+
+
+async def load(
+    nc: NATS,
+    names: Names,
+    loop_id: str,
+    cached: LoopHistory | None = None,
+    *,
+    max_record_bytes: int | None = None,
+    consistent: bool = True,
+) -> LoopHistory:
+    """The fold of ``loop_id``, reading only the records after ``cached.last_seq``.
+
+    ``cached`` is advanced **in place** and returned (pass ``cached.copy()`` to keep the original).
+    If the read fails midway, ``cached`` is still a correct fold of a prefix of the history.
+
+    ``consistent`` (default): first ask the stream **leader** for the loop's last sequence and read
+    until the fold reaches it. On R3 a Direct Get may be answered by a follower that lags by a few
+    milliseconds; this makes "committed before the call" imply "in the fold" (one extra round trip).
+    """
+    h = cached if cached is not None else LoopHistory(loop_id=loop_id)
+    target = 0
+    if consistent:
+        tip = await get_msg(nc, names.history_stream, last_by_subj=names.hist(loop_id))
+        target = tip.seq if tip is not None else 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + IDLE_TIMEOUT
+    while True:
+        async for seq, event in replay(
+            nc, loop_id, names=names, from_seq=h.last_seq + 1, max_record_bytes=max_record_bytes
+        ):
+            h.apply(event, seq)
+        if h.last_seq >= target:
+            return h
+        if loop.time() > deadline:
+            raise JetStreamUnavailableError(f"replica behind the leader at {target} for {IDLE_TIMEOUT:g}s")
+        await asyncio.sleep(0.01)
+
+
+async def loops(nc: NATS, names: Names | None = None) -> list[str]:
+    """Every loop id with at least one committed record, sorted."""
+    n = names or DEFAULT_NAMES
+    found = await subjects(nc, n.history_stream, n.hist_all)
+    return sorted(n.loop_of_hist(s) for s in found)

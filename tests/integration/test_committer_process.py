@@ -1,0 +1,43 @@
+"""``python -m services.committer`` as an OS process: --help, READY, serving, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.bus import connect
+from shared.client import CommitClient, LoopClient
+from shared.procs import ServiceProcess
+from shared.protocol import UnavailableError
+from shared.settings import Settings
+from tests.integration.committer_fixtures import new_id, step
+
+
+def test_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "services.committer", "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0
+    assert "--nats-url" in out.stdout and "--replicas" in out.stdout and "LW_" in out.stdout
+
+
+@pytest.mark.anyio
+async def test_process_serves_then_stops_gracefully(settings: Settings, tmp_path: Path) -> None:
+    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_MODEL": "scripted:x"}
+    proc = ServiceProcess("committer", ["-m", "services.committer"], env, log_path=str(tmp_path / "c.log"))
+    proc.start(timeout=30)
+    nc = await connect(settings, name="process-test")
+    try:
+        api = LoopClient(nc, settings.names, 5)
+        loop = await api.start()
+        await CommitClient(nc, settings.names, 5).commit(loop.loop_id, loop.seq, [step(loop.loop_id, new_id())])
+        assert proc.stop() == 0, proc.log_tail()
+        assert "draining" in proc.log_tail(200)
+        with pytest.raises(UnavailableError):
+            await api.input(loop.loop_id, "anyone there?")
+    finally:
+        proc.stop()
+        await nc.close()

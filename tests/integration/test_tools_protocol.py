@@ -1,0 +1,185 @@
+"""The call protocol and discovery with in-process workers on a real nats-server."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+
+import anyio
+import msgspec
+import pytest
+from nats.aio.client import Client as NATS
+
+from services.tools import client as cl
+from services.tools.builtins import BUILTINS
+from services.tools.protocol import CallIds, now_ms, request_headers
+from services.tools.registry import ToolRegistry, ensure_tools_bucket
+from services.tools.sdk import Tool, ToolContext, tool
+from services.tools.serve import serve
+from services.tools.spec import Registration
+from shared.content import TextBlock
+from shared.settings import Settings
+from shared.subjects import H_REPLY_KIND
+
+pytestmark = pytest.mark.anyio
+
+RUNS: list[str] = []
+
+
+class Work(msgspec.Struct):
+    tag: str = ""
+    seconds: float = 0.0
+    size: int = 0
+
+
+@tool(name="work", description="counts its runs")
+async def work(args: Work, ctx: ToolContext) -> str:
+    RUNS.append(args.tag)
+    await anyio.sleep(args.seconds)
+    return "x" * args.size if args.size else f"done {args.tag} {ctx.ids.tool_use_id}"
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, heartbeat_seconds=0.3)
+
+
+@asynccontextmanager
+async def worker(settings: Settings, tools: Sequence[Tool]) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        ready, stop = anyio.Event(), anyio.Event()
+        tg.start_soon(partial(serve, list(tools), settings, ready=ready, stop=stop))
+        with anyio.fail_after(10):
+            await ready.wait()
+        yield
+        stop.set()
+
+
+def ids(key: str = "") -> CallIds:
+    return CallIds(loop_id=key or str(uuid.uuid4()), step_id="s", tool_use_id="u", execution_id=str(uuid.uuid4()))
+
+
+def text(out: cl.CallOutcome) -> str:
+    assert out.result is not None, out
+    return "".join(b.text for b in out.result.blocks if isinstance(b, TextBlock))
+
+
+async def test_idempotency_key_runs_a_call_once(nc: NATS, fast: Settings) -> None:
+    RUNS.clear()
+    async with worker(fast, [work]), cl.ToolClient(nc, fast.names, heartbeat_seconds=0.3) as client:
+        loop = str(uuid.uuid4())
+        args = b'{"tag": "a", "seconds": 0.4}'
+        outs: list[cl.CallOutcome] = []
+
+        async def go() -> None:
+            outs.append(await client.call("work", args, ids=ids(loop), timeout=5))
+
+        async with anyio.create_task_group() as tg:  # a duplicate while the first runs
+            tg.start_soon(go)
+            await anyio.sleep(0.1)
+            tg.start_soon(go)
+        assert [text(o) for o in outs] == ["done a u", "done a u"]
+        again = await client.call("work", args, ids=ids(loop), timeout=5)  # after it finished
+        assert text(again) == "done a u"
+        assert RUNS == ["a"], "one execution for one idempotency key"
+        other = await client.call("work", b'{"tag": "b"}', ids=ids(loop), timeout=5)  # same key, other args
+        assert text(other) == "done b u" and RUNS == ["a", "b"]
+
+        # A canceled call is forgotten: a retry with the same key runs again.
+        cancel_ids = ids(str(uuid.uuid4()))
+        with anyio.move_on_after(0.2):
+            await client.call("work", b'{"tag": "c", "seconds": 0.8}', ids=cancel_ids, timeout=10)
+        retry = await client.call("work", b'{"tag": "c", "seconds": 0.8}', ids=cancel_ids, timeout=10)
+        assert text(retry) == "done c u" and RUNS.count("c") == 2
+
+
+async def test_cancel_that_overtakes_its_request(nc: NATS, fast: Settings) -> None:
+    async with worker(fast, [work]), cl.ToolClient(nc, fast.names) as client:
+        call_ids = ids()
+        await client.cancel(call_ids.execution_id)
+        await nc.flush()
+        out = await client.call("work", b'{"tag": "z", "seconds": 5}', ids=call_ids, timeout=10)
+        assert out.status == cl.CANCELED and out.message == "canceled before it started"
+
+
+async def test_worker_survives_odd_requests(nc: NATS, fast: Settings) -> None:
+    async with worker(fast, [work, BUILTINS["ask_user"]]), cl.ToolClient(nc, fast.names) as client:
+        subject = fast.names.tool("work")
+        await nc.publish(subject, b'{"tag": "noreply"}')  # no reply subject: dropped
+        msg = await nc.request(subject, b'{"tag": "h"}', headers={"Lw-Deadline": "soon"}, timeout=5)
+        assert msg.headers and msg.headers[H_REPLY_KIND] == "result"
+        # A deadline already passed: timed out at once, the tool never runs.
+        past = request_headers(ids(), now_ms() - 1000)
+        msg = await nc.request(subject, b'{"tag": "late"}', headers=past, timeout=5)
+        assert msg.headers and msg.headers[H_REPLY_KIND] == "error" and b"timeout" in msg.data
+        # A result bigger than a NATS message is cut to fit.
+        out = await client.call("work", b'{"size": 3000000}', ids=ids(), timeout=10)
+        assert out.status == cl.OK and "[tool output truncated: omitted" in text(out)
+        assert len(text(out).encode()) < nc.max_payload
+        # ask_user is never run by a worker; called directly it says so.
+        out = await client.call("ask_user", b'{"question": "?"}', ids=ids(), timeout=5)
+        assert out.result is not None and out.result.is_error and "user-input gate" in text(out)
+        assert text(await client.call("work", b'{"tag": "still"}', ids=ids(), timeout=5)).startswith("done still")
+
+
+async def test_unexpected_reply_kind_is_a_crash(nc: NATS, fast: Settings) -> None:
+    async def cb(msg: object) -> None:
+        await nc.publish(msg.reply, b"{}", headers={H_REPLY_KIND: "banana"})  # type: ignore[attr-defined]
+
+    sub = await nc.subscribe(fast.names.tool("odd"), queue=fast.names.tool_queue("odd"), cb=cb)
+    async with cl.ToolClient(nc, fast.names) as client:
+        out = await client.call("odd", b"{}", ids=ids(), timeout=5)
+    await sub.unsubscribe()
+    assert out.status == cl.CRASHED and "unexpected reply kind 'banana'" in out.message
+
+
+async def test_registry_lists_workers_and_forgets_stopped_ones(nc: NATS, fast: Settings) -> None:
+    async with ToolRegistry(nc, fast.names) as registry:
+        assert registry.live() == [] and registry.get("work") is None
+        async with worker(fast, [work, BUILTINS["calculator"]]):
+            async with worker(fast, [work]):
+                live = await registry.wait_for("work", replicas=2)
+                assert live.replicas == 2 and len(live.workers) == 2 and not live.conflict
+                assert {t.name: t.replicas for t in registry.live()} == {"calculator": 1, "work": 2}
+                assert registry.get("calculator") is not None and registry.get("calc.*") is None
+                kv = await ensure_tools_bucket(nc.jetstream(), fast.names)
+                entry = await kv.get(f"work.{live.workers[0]}")
+                reg = msgspec.json.decode(entry.value or b"", type=Registration)
+                assert reg.spec.name == "work" and reg.pid > 0 and reg.host
+            await registry.wait_until(lambda r: (t := r.get("work")) is not None and t.replicas == 1)
+        await registry.wait_gone("work")
+        await registry.wait_gone("calculator")
+        assert registry.live() == []
+
+
+async def test_registry_forgets_registrations_nobody_refreshes(
+    nc: NATS, fast: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed worker's entry expires silently in KV; the registry drops it after the TTL."""
+    from services.tools import registry as reg_module
+    from services.tools.spec import ToolSpec
+
+    monkeypatch.setattr(reg_module, "REGISTRATION_TTL_SECONDS", 0.6)
+    monkeypatch.setattr(reg_module, "_SWEEP_SECONDS", 0.1)
+    monkeypatch.setattr("services.tools.worker.REFRESH_SECONDS", 0.1)
+    kv = await ensure_tools_bucket(nc.jetstream(), fast.names)
+    dead = Registration(worker_id="dead", spec=ToolSpec(name="work", version="0"))
+    await kv.put("work.dead", msgspec.json.encode(dead))
+    async with ToolRegistry(nc, fast.names) as registry:
+        assert registry.get("work") is not None
+        async with worker(fast, [work]):
+            await registry.wait_for("work", replicas=2)
+            assert "work" in registry.conflicts(), "the dead v0 entry conflicts with the live worker"
+            await registry.wait_until(lambda r: not r.conflicts(), timeout=3)
+            live = registry.get("work")
+            assert live is not None and live.replicas == 1 and live.version == "1", "the refreshed one stays"
+    await kv.delete("work.dead")
+
+
+async def test_arguments_too_large_to_send_are_an_error_not_an_exception(nc: NATS, fast: Settings) -> None:
+    async with cl.ToolClient(nc, fast.names) as client:
+        out = await client.call("work", b'"' + b"x" * (nc.max_payload + 10) + b'"', ids=ids(), timeout=5)
+    assert out.status == cl.CRASHED and out.message.startswith("could not send the call")

@@ -1,0 +1,155 @@
+"""System-test helpers: every service as its own OS process, driven only through NATS.
+
+``System`` starts committers, model-step replicas and tool workers with ``shared.procs`` against a
+given NATS URL and prefix; results are read back only from the replayed history.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from nats.aio.client import Client as NATS
+
+from shared import events as ev
+from shared.events import Event
+from shared.history import LoopHistory, load, replay
+from shared.procs import ServiceProcess, Supervisor
+from shared.settings import Settings
+from shared.validate import validate_event
+
+T = TypeVar("T")
+
+
+@dataclass
+class System:
+    settings: Settings
+    log_dir: Path
+    env: dict[str, str]
+    sup: Supervisor = field(default_factory=Supervisor)
+    counter: int = 0
+
+    def _log(self, name: str) -> str:
+        self.counter += 1
+        return str(self.log_dir / f"{name}-{self.counter}.log")
+
+    def start(self, name: str, args: list[str], *, env: dict[str, str] | None = None) -> ServiceProcess:
+        return self.sup.start(ServiceProcess(name, args, {**self.env, **(env or {})}, log_path=self._log(name)))
+
+    def committer(self) -> ServiceProcess:
+        return self.start("committer", ["-m", "services.committer"])
+
+    def model_step(self, **env: str) -> ServiceProcess:
+        return self.start("model-step", ["-m", "services.model_step"], env=env)
+
+    def tools(self, *names: str, **env: str) -> ServiceProcess:
+        return self.start("tools-" + "-".join(names), ["-m", "services.tools", *names], env=env)
+
+    def replace(self, svc: ServiceProcess) -> ServiceProcess:
+        """Start a fresh process of the same service (after a kill)."""
+        svc.stop(timeout=5)
+        new = ServiceProcess(svc.name, svc.args, svc.env, log_path=self._log(svc.name))
+        self.sup.services.remove(svc)
+        return self.sup.start(new)
+
+    def logs(self) -> str:
+        out = []
+        for p in sorted(self.log_dir.glob("*.log")):
+            out.append(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]))
+        return "\n".join(out)
+
+
+@contextmanager
+def system(
+    settings: Settings,
+    *,
+    committers: int = 1,
+    model_steps: int = 1,
+    tools: Sequence[str] = ("calculator", "clock"),
+    env: dict[str, str] | None = None,
+) -> Iterator[System]:
+    base_env = {
+        "LW_NATS_URL": ",".join(settings.nats_urls),
+        "LW_PREFIX": settings.prefix,
+        "LW_REPLICAS": str(settings.replicas),
+        "LW_LEASE_TTL_SECONDS": "3",
+        "LW_LOG_LEVEL": "INFO",
+        **(env or {}),
+    }
+    with tempfile.TemporaryDirectory(prefix="lw-sys-") as d:
+        s = System(settings=settings, log_dir=Path(d), env=base_env)
+        try:
+            for _ in range(committers):
+                s.committer()
+            if tools:
+                s.tools(*tools)
+            for _ in range(model_steps):
+                s.model_step()
+            yield s
+        except BaseException:
+            print(s.logs())
+            raise
+        finally:
+            s.sup.stop_all()
+
+
+def write_script(tmp: Path, responses: Any, name: str = "script.json") -> str:
+    path = tmp / name
+    path.write_text(json.dumps(responses))
+    return f"scripted:{path}"
+
+
+async def wait_for(probe: Callable[[], Awaitable[T | None]], *, timeout: float, interval: float = 0.05) -> T:
+    """Poll ``probe`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await anyio.sleep(interval)
+    raise TimeoutError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+async def history(nc: NATS, settings: Settings, loop_id: str) -> list[tuple[int, Event]]:
+    return [pair async for pair in replay(nc, loop_id, names=settings.names)]
+
+
+async def wait_history(
+    nc: NATS, settings: Settings, loop_id: str, pred: Callable[[LoopHistory], bool], *, timeout: float = 20.0
+) -> LoopHistory:
+    cache: dict[str, LoopHistory] = {}
+
+    async def probe() -> LoopHistory | None:
+        h = await load(nc, settings.names, loop_id, cache.get("h"))
+        cache["h"] = h
+        return h if pred(h) else None
+
+    return await wait_for(probe, timeout=timeout)
+
+
+def types(events: Sequence[tuple[int, Event]], *, skip: tuple[type[Event], ...] = ()) -> list[str]:
+    return [type(e).__name__ for _, e in events if not isinstance(e, skip)]
+
+
+def check_history_invariants(events: Sequence[tuple[int, Event]]) -> None:
+    """Every event validates, event ids are unique, no step is committed twice, seqs increase."""
+    seen_ids: set[str] = set()
+    steps: set[str] = set()
+    last = 0
+    for seq, e in events:
+        validate_event(e)
+        assert seq > last, f"sequence went backwards at {seq}"
+        last = seq
+        assert e.event_id not in seen_ids, f"duplicate event_id {e.event_id}"
+        seen_ids.add(e.event_id)
+        if isinstance(e, ev.StepDone):
+            assert e.step_id not in steps, f"step {e.step_id} committed twice"
+            steps.add(e.step_id)
