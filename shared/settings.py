@@ -46,6 +46,25 @@ def _get(env: Mapping[str, str], name: str, default: str) -> str:
     return value or default
 
 
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _get(env, name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw[:40]!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = _get(env, name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw[:40]!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be a finite number, got {raw[:40]!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     nats_urls: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -85,7 +104,7 @@ class Settings:
         e = os.environ if env is None else env
         d = cls()
         urls = tuple(u.strip() for u in _get(e, "LW_NATS_URL", ",".join(d.nats_urls)).split(",") if u.strip())
-        replicas = int(_get(e, "LW_REPLICAS", str(d.replicas)))
+        replicas = _int(e, "LW_REPLICAS", d.replicas)
         if replicas not in (1, 3):
             raise ValueError(f"LW_REPLICAS must be 1 or 3, got {replicas}")
         s = cls(
@@ -99,25 +118,25 @@ class Settings:
             nats_inbox_prefix=_get(e, "LW_NATS_INBOX_PREFIX", d.nats_inbox_prefix),
             prefix=_get(e, "LW_PREFIX", d.prefix),
             replicas=replicas,
-            max_record_bytes=int(_get(e, "LW_MAX_RECORD_BYTES", str(d.max_record_bytes))),
-            commit_retry_seconds=float(_get(e, "LW_COMMIT_RETRY_SECONDS", str(d.commit_retry_seconds))),
-            duplicate_window_seconds=float(_get(e, "LW_DUPLICATE_WINDOW_SECONDS", str(d.duplicate_window_seconds))),
+            max_record_bytes=_int(e, "LW_MAX_RECORD_BYTES", d.max_record_bytes),
+            commit_retry_seconds=_float(e, "LW_COMMIT_RETRY_SECONDS", d.commit_retry_seconds),
+            duplicate_window_seconds=_float(e, "LW_DUPLICATE_WINDOW_SECONDS", d.duplicate_window_seconds),
             model=_get(e, "LW_MODEL", d.model),
-            model_step_concurrency=int(_get(e, "LW_MODEL_STEP_CONCURRENCY", str(d.model_step_concurrency))),
-            lease_ttl_seconds=float(_get(e, "LW_LEASE_TTL_SECONDS", str(d.lease_ttl_seconds))),
+            model_step_concurrency=_int(e, "LW_MODEL_STEP_CONCURRENCY", d.model_step_concurrency),
+            lease_ttl_seconds=_float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds),
             tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
             http_allow=tuple(
                 h.strip() for h in _get(e, "LW_HTTP_ALLOW", ",".join(d.http_allow)).split(",") if h.strip()
             ),
-            tool_timeout_seconds=float(_get(e, "LW_TOOL_TIMEOUT_SECONDS", str(d.tool_timeout_seconds))),
-            heartbeat_seconds=float(_get(e, "LW_HEARTBEAT_SECONDS", str(d.heartbeat_seconds))),
+            tool_timeout_seconds=_float(e, "LW_TOOL_TIMEOUT_SECONDS", d.tool_timeout_seconds),
+            heartbeat_seconds=_float(e, "LW_HEARTBEAT_SECONDS", d.heartbeat_seconds),
             log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
             openai_base_url=_get(e, "LW_OPENAI_BASE_URL", d.openai_base_url),
             openai_api_key=_get(e, "LW_OPENAI_API_KEY", ""),
             openai_max_tokens_field=_get(e, "LW_OPENAI_MAX_TOKENS_FIELD", d.openai_max_tokens_field),
             anthropic_base_url=_get(e, "LW_ANTHROPIC_BASE_URL", d.anthropic_base_url),
             anthropic_api_key=_get(e, "LW_ANTHROPIC_API_KEY", ""),
-            anthropic_thinking_budget=int(_get(e, "LW_ANTHROPIC_THINKING_BUDGET", "0")),
+            anthropic_thinking_budget=_int(e, "LW_ANTHROPIC_THINKING_BUDGET", 0),
         )
         if overrides:
             known = {f.name for f in fields(cls)}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from services.model_step.models import resolve_model
@@ -13,6 +11,7 @@ from services.model_step.models.config import ProviderConfig, provider_config
 from services.model_step.models.httpstream import clean, error_message, retry_after_seconds
 from services.model_step.models.openai_compat import OpenAICompatModel
 from services.model_step.models.sse import SSEDecodeError, SSEDecoder, SSEEvent
+from shared.settings import Settings
 
 KEY = "sk-unit-SECRET-0123456789"
 
@@ -45,12 +44,8 @@ def test_defaults_and_bad_values() -> None:
 
 
 def test_settings_fields_win_over_the_environment() -> None:
-    @dataclass
-    class FakeSettings:
-        openai_base_url: str = "http://settings.invalid/v1"
-        openai_api_key: str = "from-settings"
-
-    cfg = provider_config("openai", FakeSettings(), env={"LW_OPENAI_BASE_URL": "http://env.invalid/v1"})
+    settings = Settings(openai_base_url="http://settings.invalid/v1", openai_api_key="from-settings")
+    cfg = provider_config("openai", settings, env={"LW_OPENAI_BASE_URL": "http://env.invalid/v1"})
     assert (cfg.base_url, cfg.api_key) == ("http://settings.invalid/v1", "from-settings")
 
 
