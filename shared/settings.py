@@ -25,6 +25,7 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_COMMIT_RETRY_SECONDS": "how long the committer retries an unavailable JetStream (default 10)",
     "LW_DUPLICATE_WINDOW_SECONDS": "history stream de-duplication window (default 120)",
     "LW_MODEL": "default model of new loops: demo, scripted:PATH, openai:NAME, anthropic:NAME",
+    "LW_DEMO_CHUNK_DELAY": "seconds the demo model pauses between streamed chunks (default 0; loopwire demo sets it)",
     "LW_MODEL_STEP_CONCURRENCY": "loops one model-step replica drives at once (default 16)",
     "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 30)",
     "LW_TOOL_ROOT": "root directory of read_file / list_dir (default the current directory)",
@@ -32,6 +33,7 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
     "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
     "LW_LOG_LEVEL": "log level of services (default INFO)",
+    "LW_UVLOOP": "1 = run services on uvloop when it is installed (pip install loopwire[bench]); default 0",
     "LW_OPENAI_BASE_URL": "OpenAI-compatible API base URL incl. /v1 (default https://api.openai.com/v1)",
     "LW_OPENAI_API_KEY": "API key of the OpenAI-compatible server (empty: no Authorization header)",
     "LW_OPENAI_MAX_TOKENS_FIELD": "request field for max tokens: max_tokens (default) or max_completion_tokens",
@@ -81,6 +83,7 @@ class Settings:
     commit_retry_seconds: float = 10.0
     duplicate_window_seconds: float = 120.0
     model: str = "demo"
+    demo_chunk_delay: float = 0.0
     model_step_concurrency: int = 16
     lease_ttl_seconds: float = 30.0
     tool_root: str = "."
@@ -88,6 +91,7 @@ class Settings:
     tool_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 1.0
     log_level: str = "INFO"
+    uvloop: bool = False
     openai_base_url: str = "https://api.openai.com/v1"
     openai_api_key: str = field(default="", repr=False)
     openai_max_tokens_field: str = "max_tokens"
@@ -122,6 +126,7 @@ class Settings:
             commit_retry_seconds=_float(e, "LW_COMMIT_RETRY_SECONDS", d.commit_retry_seconds),
             duplicate_window_seconds=_float(e, "LW_DUPLICATE_WINDOW_SECONDS", d.duplicate_window_seconds),
             model=_get(e, "LW_MODEL", d.model),
+            demo_chunk_delay=max(0.0, _float(e, "LW_DEMO_CHUNK_DELAY", d.demo_chunk_delay)),
             model_step_concurrency=_int(e, "LW_MODEL_STEP_CONCURRENCY", d.model_step_concurrency),
             lease_ttl_seconds=_float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds),
             tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
@@ -131,6 +136,7 @@ class Settings:
             tool_timeout_seconds=_float(e, "LW_TOOL_TIMEOUT_SECONDS", d.tool_timeout_seconds),
             heartbeat_seconds=_float(e, "LW_HEARTBEAT_SECONDS", d.heartbeat_seconds),
             log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
+            uvloop=_get(e, "LW_UVLOOP", "0").lower() in ("1", "true", "yes", "on"),
             openai_base_url=_get(e, "LW_OPENAI_BASE_URL", d.openai_base_url),
             openai_api_key=_get(e, "LW_OPENAI_API_KEY", ""),
             openai_max_tokens_field=_get(e, "LW_OPENAI_MAX_TOKENS_FIELD", d.openai_max_tokens_field),

@@ -118,7 +118,8 @@ def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[s
     if spec == "demo":
         from services.model_step.models.demo import DemoModel
 
-        return DemoModel()
+        st = settings if settings is not None else Settings.from_env(env)
+        return DemoModel(chunk_delay=st.demo_chunk_delay)
     if sep and kind == "scripted" and rest:
         from services.model_step.models.scripted import ScriptedModel
 

@@ -1,0 +1,352 @@
+"""The ``loopwire`` command line: the argument parser and the dispatch of every sub-command.
+
+Heavy imports (the services, rich, the tool SDK) happen inside the command that needs them, so
+``loopwire --help`` and the small client commands start fast. Exit status: 0 ok, 1 an error
+(printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from shared.settings import ENV_VARS, Settings
+
+DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
+PROG: Final = "loopwire"
+
+AsyncCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=min(100, max(60, _columns())))
+
+
+def _columns() -> int:
+    try:
+        return int(os.environ.get("COLUMNS", "")) or os.get_terminal_size().columns
+    except (ValueError, OSError):
+        return 100
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("loopwire")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        return "unknown"
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On sub-commands the defaults are SUPPRESSed, so `loopwire --nats-url X history ...` and
+    # `loopwire history ... --nats-url X` both work.
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument(
+        "--nats-url", metavar="URL", default=default, help="NATS server URL(s), comma-separated (env LW_NATS_URL)"
+    )
+    parser.add_argument("--prefix", default=default, help="subject/stream prefix (env LW_PREFIX, default lw)")
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per line) instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (also used by tests to check compose.yaml's commands)."""
+    env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        formatter_class=_Formatter,
+        description="loopwire: LLM agent loops as a distributed system on NATS.\n\n"
+        "Try it:  loopwire demo\n"
+        "Develop: loopwire up   (then, in another shell: loopwire start; loopwire send LOOP 'hi' --wait)",
+        epilog=f"Configuration comes from the environment:\n{env_help}",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _connection_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_: str, description: str = "", *, connects: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
+        if connects:
+            _connection_options(p, top=False)
+        return p
+
+    # --- all in one ---------------------------------------------------------------------------
+    p = command(
+        "demo",
+        "run a loop on an embedded NATS server with every service, live, then stop everything",
+        "Start an embedded nats-server (free port, data in a temporary directory unless --data-dir), the "
+        "committer, the model-step (demo model: rule-based, not an LLM) and every built-in tool worker, each "
+        "as its own process; run one loop on PROMPT showing the model's text and the tool calls live; print "
+        "the final answer and the history replayed from JetStream; stop everything.",
+        connects=False,
+    )
+    p.add_argument("prompt", nargs="?", default=DEMO_PROMPT, metavar="PROMPT", help=f"default: {DEMO_PROMPT!r}")
+    p.add_argument("--data-dir", metavar="DIR", help="keep NATS data and service logs here (default: a temp dir)")
+    p.add_argument("--model", default="demo", help="model of the loop (default demo; see docs/models.md)")
+    p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
+    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    p.add_argument(
+        "--chunk-delay", type=float, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
+    )
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)")
+    p.set_defaults(handler="demo")
+
+    p = command(
+        "up",
+        "run NATS and every service until Ctrl-C (for development)",
+        "Start an embedded nats-server and every service as its own process and keep them running. Prints the "
+        "NATS URL; use the client commands from another shell. Ctrl-C (or SIGTERM) stops everything.",
+        connects=False,
+    )
+    p.add_argument("--port", type=int, default=4222, help="NATS client port (default 4222; 0 = a free port)")
+    p.add_argument("--data-dir", metavar="DIR", help="keep NATS data and logs here (default: a temp dir)")
+    p.add_argument("--prefix", default="lw", help="subject/stream prefix the services use (default lw)")
+    p.add_argument("--model", default="", help="default model of new loops (env LW_MODEL, default demo)")
+    p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
+    p.add_argument("--chunk-delay", type=float, default=0.0, metavar="S", help="pause between demo-model chunks")
+    p.set_defaults(handler="up")
+
+    # --- one service in the foreground --------------------------------------------------------
+    p = command(
+        "serve",
+        "run one service in the foreground (what a container runs)",
+        "Run one service until SIGTERM/SIGINT, then drain and exit 0. Configuration: LW_* variables.",
+    )
+    which = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    s = which.add_parser("committer", help="the only writer of loop history", formatter_class=_Formatter)
+    _connection_options(s, top=False)
+    s.add_argument("--replicas", type=int, choices=(1, 3), help="stream and bucket replicas (env LW_REPLICAS)")
+    s = which.add_parser("model-step", help="drives loops: model, tools, commits", formatter_class=_Formatter)
+    _connection_options(s, top=False)
+    s = which.add_parser("tool", help="serve tools: built-in names or module:attr", formatter_class=_Formatter)
+    _connection_options(s, top=False)
+    s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
+    p.set_defaults(handler="serve")
+
+    # --- client commands ----------------------------------------------------------------------
+    p = command("start", "start a loop; prints its id")
+    p.add_argument("--model", help="model spec: demo, scripted:PATH, openai:NAME, anthropic:NAME (default LW_MODEL)")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--tools", metavar="A,B", help="tool allow-list (default: every live tool; '' = none)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="TOOL=EFFECT",
+        help="allow | deny | ask for a tool (repeatable; TOOL * sets every tool)",
+    )
+    p.add_argument("--default-policy", choices=("allow", "deny", "ask"), help="effect for unlisted tools (allow)")
+    p.add_argument("--max-iterations", type=int, metavar="N", help="tool steps per turn (25)")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
+    p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_start"))
+
+    p = command("send", "send user input to a loop")
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    p.add_argument("text", metavar="TEXT", help="the user's message")
+    p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_send"))
+
+    p = command("history", "print a loop's committed history (replayed from JetStream)")
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_history"))
+
+    p = command(
+        "tail",
+        "follow live and committed events (of one loop, or of all) until Ctrl-C",
+        "Print live events (marked ~) and committed ones (with their sequence) as they happen. With LOOP "
+        "the history so far is printed first (--new skips it); without LOOP only new events are shown.",
+    )
+    p.add_argument("loop", metavar="LOOP", nargs="?", help="loop id (default: every loop)")
+    p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ", help="start at this stream sequence")
+    p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
+    p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_tail"))
+
+    p = command("loops", "list loops with their state")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_loops"))
+
+    p = command("gates", "list open gates (permission requests and questions) waiting for an operator")
+    p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_gates"))
+
+    p = command("approve", "approve a permission gate")
+    p.add_argument("gate", metavar="GATE", help="gate id (see loopwire gates)")
+    p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
+    p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_approve"))
+
+    p = command("deny", "deny a permission gate")
+    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("--reason", help="why (shown to the model)")
+    p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_deny"))
+
+    p = command("reply", "answer a question gate (ask_user)")
+    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
+    p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_reply"))
+
+    p = command("interrupt", "interrupt a loop's running turn")
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_interrupt"))
+
+    p = command("close", "close a loop (no more input)")
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_close"))
+
+    p = command("tools", "list live tools: replicas, kind, version, arguments")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_tools"))
+
+    p = command(
+        "schema",
+        "write the JSON Schemas (and the AsyncAPI document) of the wire contract",
+        "Without options: every JSON Schema as one JSON object on stdout. --out DIR writes one file per "
+        "type; --asyncapi FILE writes the AsyncAPI 3 document; --check compares instead of writing.",
+        connects=False,
+    )
+    p.add_argument("--out", metavar="DIR", help="write schema files here (e.g. schemas)")
+    p.add_argument("--asyncapi", metavar="FILE", help="write the AsyncAPI document here (e.g. docs/asyncapi.yaml)")
+    p.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
+    p.set_defaults(handler="schema")
+    return parser
+
+
+def _client(name: str) -> str:
+    return f"client:{name}"
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, object] = {}
+    url = getattr(args, "nats_url", None)
+    if url:
+        overrides["nats_urls"] = tuple(u.strip() for u in url.split(",") if u.strip())
+    prefix = getattr(args, "prefix", None)
+    if prefix:
+        overrides["prefix"] = prefix
+    from services.cli.errors import CliError
+
+    try:
+        return Settings.from_env(None, **overrides)
+    except ValueError as e:  # a bad LW_* value
+        raise CliError(str(e)) from None
+
+
+def _run_client(name: str, args: argparse.Namespace) -> int:
+    import anyio
+
+    from services.cli import commands
+
+    fn: AsyncCommand = getattr(commands, name)
+    settings = settings_from(args)
+    try:
+        return anyio.run(fn, args, settings)
+    except KeyboardInterrupt:
+        if name == "cmd_tail":
+            return 0  # Ctrl-C is how tail ends
+        raise
+
+
+def _run_schema(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from services.cli import contract
+    from services.cli.errors import CliError
+
+    if not args.out and not args.asyncapi:
+        if args.check:
+            raise CliError("--check needs --out and/or --asyncapi")
+        print(contract.dumps_json({k: v for k, v in contract.schema_files().items()}), end="")
+        return 0
+    if args.check:
+        problems = []
+        if args.out:
+            problems += contract.schema_drift(Path(args.out))
+        if args.asyncapi:
+            problems += contract.asyncapi_drift(Path(args.asyncapi))
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            raise CliError("the contract files differ from the code: run loopwire schema without --check")
+        print("contract files match the code")
+        return 0
+    if args.out:
+        files = contract.write_schemas(Path(args.out))
+        print(f"wrote {len(files)} files under {args.out}")
+    if args.asyncapi:
+        path = Path(args.asyncapi)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(contract.render_asyncapi(), encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    handler: str = args.handler
+    if handler.startswith("client:"):
+        return _run_client(handler.split(":", 1)[1], args)
+    if handler == "schema":
+        return _run_schema(args)
+    from services import embedded
+
+    if handler == "demo":
+        return embedded.run_demo(args)
+    if handler == "up":
+        return embedded.run_up(args)
+    if handler == "serve":
+        return embedded.run_serve(args)
+    raise AssertionError(handler)  # pragma: no cover
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``loopwire`` console script."""
+    from services.cli.errors import CliError
+
+    with contextlib.suppress(AttributeError, ValueError):  # a replaced stdout (tests) may not support it
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error.
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,618 @@
+"""The client commands of ``loopwire``: each one connects, does its work over NATS and prints.
+
+Every command raises :class:`CliError` for anything the user should read as a one-line reason;
+``services.cli.app`` prints it as ``error: ...`` and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+import anyio
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from services.cli.errors import CliError
+from services.cli.render import answer_text, clip, clock_of, describe, event_json, json_line, short
+from shared.bus import JetStreamError, JetStreamUnavailableError, connect
+from shared.client import LoopClient
+from shared.codec import decode_event, decode_live
+from shared.errors import LoopwireError
+from shared.events import (
+    POLICY_EFFECTS,
+    Event,
+    Limits,
+    LoopClosed,
+    PermissionRequested,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+    TurnFoldedInto,
+    TurnInterrupted,
+    TurnStarted,
+    UserInputRequested,
+    ends_turn,
+)
+from shared.history import LoopHistory, loops, replay
+from shared.protocol import RemoteError
+from shared.settings import Settings
+from shared.subjects import Names
+from shared.validate import is_uuid
+
+__all__ = ["CliError", "TurnTracker", "open_nats", "session", "wait_for_turn"]
+
+CONNECT_ATTEMPTS: Final = 2
+DEFAULT_WAIT_SECONDS: Final = 300.0
+
+
+# --- connecting and running ---------------------------------------------------------------------
+
+
+def _reason(e: BaseException | None) -> str:
+    if e is None:
+        return "no server answered"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, nats.errors.AuthorizationError) or "authorization" in str(e).lower():
+        return "authorization violation: check LW_NATS_USER / LW_NATS_PASSWORD / LW_NATS_CREDS"
+    if isinstance(e, TimeoutError | nats.errors.TimeoutError):
+        return "timed out"
+    text = str(e) or type(e).__name__
+    return clip(text, 120)
+
+
+async def open_nats(settings: Settings, *, name: str = "loopwire-cli") -> NATS:
+    """Connect, or raise ``CliError("cannot connect to NATS at <url> (<why>)")`` within a few seconds."""
+    seen: list[BaseException] = []
+
+    async def on_error(e: Exception) -> None:
+        seen.append(e)
+
+    try:
+        return await connect(
+            settings,
+            name=name,
+            max_reconnect_attempts=CONNECT_ATTEMPTS - 1,
+            reconnect_time_wait=0.2,
+            error_cb=on_error,
+        )
+    except (OSError, nats.errors.Error, TimeoutError) as e:
+        cause = next((x for x in reversed(seen) if not isinstance(x, nats.errors.NoServersError)), e)
+        raise CliError(f"cannot connect to NATS at {','.join(settings.nats_urls)} ({_reason(cause)})") from None
+
+
+@contextlib.asynccontextmanager
+async def session(settings: Settings) -> AsyncIterator[NATS]:
+    """A connection for one command; remote and JetStream failures become :class:`CliError`."""
+    nc = await open_nats(settings)
+    try:
+        yield nc
+    except RemoteError as e:
+        raise CliError(f"{e.body.kind}: {e.body.message}") from None
+    except (JetStreamUnavailableError, JetStreamError) as e:
+        raise CliError(f"cannot read from JetStream: {e}") from None
+    except LoopwireError as e:
+        raise CliError(str(e)) from None
+    except nats.errors.Error as e:
+        raise CliError(f"NATS: {_reason(e)}") from None
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(Exception):
+            await nc.close()
+
+
+def follow(
+    nc: NATS, names: Names, loop_id: str, from_seq: int
+) -> contextlib.aclosing[AsyncGenerator[tuple[int, Event], None]]:
+    """``replay(..., follow=True)`` closed for sure when the ``async with`` ends."""
+    gen = cast(
+        "AsyncGenerator[tuple[int, Event], None]", replay(nc, loop_id, names=names, from_seq=from_seq, follow=True)
+    )
+    return contextlib.aclosing(gen)
+
+
+def require_uuid(value: str, what: str) -> str:
+    if not is_uuid(value):
+        raise CliError(f"{what} must be a lowercase UUID, got {value!r}")
+    return value
+
+
+def make_console() -> Console:
+    # Off a terminal rich assumes 80 columns; history tables read better wider.
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(highlight=False, soft_wrap=False, width=120 if wide else None)
+
+
+def _cells(*values: str) -> list[Text]:
+    """Table cells as plain text: never parsed as rich markup (model text contains [brackets])."""
+    return [Text(v) for v in values]
+
+
+def out(line: str) -> None:
+    print(line, flush=True)
+
+
+# --- reading loops ------------------------------------------------------------------------------
+
+
+@dataclass
+class GateInfo:
+    loop_id: str
+    gate_id: str
+    kind: str
+    tool_name: str
+    text: str = ""
+    choices: list[str] = field(default_factory=list)
+    opened_seq: int = 0
+
+
+async def fold_loop(nc: NATS, names: Names, loop_id: str) -> tuple[LoopHistory, dict[str, tuple[str, list[str]]]]:
+    """The fold of a loop plus, per gate id, its summary/question and choices."""
+    h = LoopHistory(loop_id=loop_id)
+    texts: dict[str, tuple[str, list[str]]] = {}
+    async for seq, e in replay(nc, loop_id, names=names):
+        h.apply(e, seq)
+        if isinstance(e, PermissionRequested):
+            texts[e.request.gate_id] = (e.request.summary, [])
+        elif isinstance(e, UserInputRequested):
+            texts[e.gate_id] = (e.question, list(e.choices))
+    return h, texts
+
+
+def gates_of(h: LoopHistory, texts: dict[str, tuple[str, list[str]]]) -> list[GateInfo]:
+    out_: list[GateInfo] = []
+    for g in h.open_gates:
+        text, choices = texts.get(g.gate.id, ("", []))
+        out_.append(
+            GateInfo(
+                loop_id=h.loop_id,
+                gate_id=g.gate.id,
+                kind=g.gate.kind,
+                tool_name=g.gate.tool_name,
+                text=text,
+                choices=choices,
+                opened_seq=g.opened_seq,
+            )
+        )
+    return out_
+
+
+def loop_state(h: LoopHistory) -> str:
+    if h.closed:
+        return "closed"
+    if h.open_gates:
+        return f"waiting at {len(h.open_gates)} gate(s)"
+    if h.open_turn is not None:
+        return f"turn {h.open_turn.turn_index} running"
+    if h.pending_inputs:
+        return "input pending"
+    return "idle"
+
+
+async def find_gate_loop(nc: NATS, names: Names, gate_id: str) -> str:
+    """The loop that has gate ``gate_id`` (open ones first)."""
+    resolved_in = ""
+    for loop_id in await loops(nc, names):
+        h, _ = await fold_loop(nc, names, loop_id)
+        if h.gate_is_open(gate_id):
+            return loop_id
+        if gate_id in h.gates:
+            resolved_in = loop_id
+    if resolved_in:
+        return resolved_in  # the committer answers that the gate is closed
+    raise CliError(f"no loop has a gate {gate_id} (give --loop if it is new)")
+
+
+@dataclass
+class TurnOutcome:
+    loop_id: str
+    turn_id: str
+    outcome: str  # done | failed | interrupted | closed
+    answer: str
+    event: Event | None
+    seq: int
+
+
+_OUTCOMES: Final[dict[type[Event], str]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
+
+
+class TurnTracker:
+    """Finds the turn that consumed an input command and tells when it ends (feed it committed events)."""
+
+    def __init__(self, loop_id: str, command_id: str) -> None:
+        self.loop_id = loop_id
+        self.command_id = command_id
+        self.turn_id = ""
+        self.seen: list[Event] = []
+        self.result: TurnOutcome | None = None
+
+    def feed(self, e: Event, seq: int) -> TurnOutcome | None:
+        cmd = e.cause.command_id if e.cause is not None else ""
+        if not self.turn_id and isinstance(e, TurnStarted | TurnFoldedInto) and cmd == self.command_id:
+            self.turn_id = e.turn_id
+        if self.turn_id and e.turn_id == self.turn_id:
+            self.seen.append(e)
+            if ends_turn(e):
+                self.result = TurnOutcome(
+                    self.loop_id, self.turn_id, _OUTCOMES[type(e)], answer_text(self.seen), e, seq
+                )
+        elif isinstance(e, LoopClosed):
+            self.result = TurnOutcome(self.loop_id, self.turn_id, "closed", answer_text(self.seen), e, seq)
+        return self.result
+
+
+async def wait_for_turn(
+    nc: NATS,
+    names: Names,
+    loop_id: str,
+    command_id: str,
+    from_seq: int,
+    *,
+    on_event: Callable[[Event, int], None] | None = None,
+) -> TurnOutcome:
+    """Follow the history from ``from_seq`` until the turn that consumed ``command_id``'s input ends."""
+    tracker = TurnTracker(loop_id, command_id)
+    async with follow(nc, names, loop_id, from_seq) as records:
+        async for seq, e in records:
+            if on_event is not None:
+                on_event(e, seq)
+            result = tracker.feed(e, seq)
+            if result is not None:
+                return result
+    raise CliError("the history ended unexpectedly")  # pragma: no cover - follow never ends by itself
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def parse_policy(items: list[str]) -> dict[str, str]:
+    policy: dict[str, str] = {}
+    for item in items:
+        tool_name, sep, effect = item.partition("=")
+        if not sep or not tool_name or effect not in POLICY_EFFECTS:
+            raise CliError(f"--policy wants TOOL=allow|deny|ask (TOOL may be *), got {item!r}")
+        policy[tool_name] = effect
+    return policy
+
+
+async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
+    loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
+    policy = parse_policy(args.policy or [])
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools is not None else None
+    limits = None
+    if args.max_iterations is not None or args.max_tokens is not None:
+        limits = Limits(
+            max_iterations=args.max_iterations if args.max_iterations is not None else Limits().max_iterations,
+            max_tokens=args.max_tokens or 0,
+        )
+    async with session(settings) as nc:
+        res = await LoopClient(nc, settings.names).start(
+            loop_id,
+            model=args.model,
+            system=args.system,
+            tools=tools,
+            policy=policy or None,
+            default_policy=args.default_policy,
+            limits=limits,
+        )
+    if args.json:
+        out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id}))
+    else:
+        out(res.loop_id)
+    return 0
+
+
+async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
+    loop_id = require_uuid(args.loop, "LOOP")
+    if not args.text.strip():
+        raise CliError("TEXT must not be empty")
+    async with session(settings) as nc:
+        names = settings.names
+        res = await LoopClient(nc, names).input(loop_id, args.text)
+        if not args.wait:
+            if args.json:
+                out(json_line({"loop_id": loop_id, "seq": res.seq, "command_id": res.command_id}))
+            else:
+                out(f"input accepted at seq {res.seq}")
+            return 0
+
+        def on_event(e: Event, seq: int) -> None:
+            if isinstance(e, PermissionRequested | UserInputRequested):
+                verb = "approve (or deny)" if isinstance(e, PermissionRequested) else "reply"
+                gid = e.request.gate_id if isinstance(e, PermissionRequested) else e.gate_id
+                print(f"waiting at a gate: {describe(e)} — loopwire {verb} {gid}", file=sys.stderr, flush=True)
+
+        try:
+            with anyio.fail_after(args.timeout):
+                result = await wait_for_turn(nc, names, loop_id, res.command_id, res.seq, on_event=on_event)
+        except TimeoutError:
+            raise CliError(f"the turn did not end within {args.timeout:g} s (it goes on; see loopwire tail)") from None
+    if args.json:
+        usage = result.event.usage if isinstance(result.event, TurnDone) else None
+        body: dict[str, Any] = {
+            "loop_id": loop_id,
+            "turn_id": result.turn_id,
+            "outcome": result.outcome,
+            "answer": result.answer,
+            "seq": result.seq,
+            "usage": msgspec.to_builtins(usage) if usage is not None else None,
+        }
+        if isinstance(result.event, TurnFailed):
+            body["error"] = {"kind": result.event.err.kind, "message": result.event.err.message}
+        out(json_line(body))
+        return 0 if result.outcome == "done" else 1
+    if result.outcome == "done":
+        out(result.answer)
+        return 0
+    if result.answer:
+        out(result.answer)
+    detail = describe(result.event) if result.event is not None else result.outcome
+    raise CliError(f"turn {result.outcome}: {detail}")
+
+
+async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    loop_id = require_uuid(args.loop, "LOOP")
+    async with session(settings) as nc:
+        records = [r async for r in replay(nc, loop_id, names=settings.names, from_seq=args.from_seq)]
+    if not records and args.from_seq <= 1:
+        raise CliError(f"loop {loop_id} has no history (unknown loop?)")
+    if args.json:
+        for seq, e in records:
+            out(event_json(e, seq))
+        return 0
+    print_history(make_console(), records, title=f"history of loop {loop_id}")
+    return 0
+
+
+def print_history(console: Console, records: list[tuple[int, Event]], *, title: str = "") -> None:
+    table = Table(title=title or None, show_lines=False, expand=False)
+    table.add_column("seq", justify="right", style="dim")
+    table.add_column("time", style="dim", no_wrap=True)
+    table.add_column("event", style="bold", no_wrap=True)
+    table.add_column("turn/step", style="dim", no_wrap=True)
+    table.add_column("details", overflow="fold")
+    for seq, e in records:
+        where = "/".join(short(x) for x in (e.turn_id, e.step_id) if x)
+        table.add_row(
+            str(seq), clock_of(e.created_at), type(e).__name__, where, Text(describe(e, limit=240, multiline=True))
+        )
+    console.print(table)
+
+
+async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
+    names = settings.names
+    loop_id = require_uuid(args.loop, "LOOP") if args.loop else ""
+    send, receive = anyio.create_memory_object_stream[tuple[int | None, Event]](4096)
+
+    async def on_live(msg: Msg) -> None:
+        with contextlib.suppress(LoopwireError, anyio.WouldBlock):
+            send.send_nowait((None, decode_live(msg.data)))
+
+    async with session(settings) as nc:
+        await nc.subscribe(names.live_loop(loop_id) if loop_id else names.live_all, cb=on_live)
+
+        async def follow_one() -> None:
+            start = args.from_seq if args.from_seq is not None else 1
+            if args.new:
+                h, _ = await fold_loop(nc, names, loop_id)
+                start = h.last_seq + 1
+            async with follow(nc, names, loop_id, start) as it:
+                async for seq, e in it:
+                    await send.send((seq, e))
+
+        async def follow_all() -> None:
+            js = nc.jetstream()
+            if args.from_seq is not None:
+                config = api.ConsumerConfig(
+                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=args.from_seq
+                )
+            else:
+                config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+            sub = await js.subscribe(names.hist_all, stream=names.history_stream, ordered_consumer=True, config=config)
+            try:
+                async for m in sub.messages:
+                    with contextlib.suppress(LoopwireError):
+                        await send.send((m.metadata.sequence.stream, decode_event(m.data)))
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow_one if loop_id else follow_all)
+            await nc.flush(timeout=5)  # the live subscription is in place before we say so
+            what = f"loop {loop_id}" if loop_id else "every loop"
+            print(f"following {what} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+            async for seq, e in receive:
+                if isinstance(e, TokenDelta) and args.no_tokens:
+                    continue
+                if args.json:
+                    out(event_json(e, seq))
+                    continue
+                where = "" if loop_id else f"{short(e.loop_id)} "
+                mark = f"{seq:>5}" if seq is not None else "  ~  "
+                when = clock_of(e.created_at) or " " * 12
+                out(f"{mark} {when} {where}{type(e).__name__:<18} {describe(e)}")
+    return 0
+
+
+async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
+    async with session(settings) as nc:
+        rows = []
+        for loop_id in await loops(nc, settings.names):
+            h, _ = await fold_loop(nc, settings.names, loop_id)
+            rows.append(h)
+    if args.json:
+        for h in rows:
+            out(
+                json_line(
+                    {
+                        "loop_id": h.loop_id,
+                        "model": h.config.model if h.config else "",
+                        "turns": h.turns,
+                        "state": loop_state(h),
+                        "last_seq": h.last_seq,
+                        "started_at": h.config.created_at if h.config else "",
+                        "open_gates": [g.gate.id for g in h.open_gates],
+                    }
+                )
+            )
+        return 0
+    if not rows:
+        out("no loops yet (loopwire start)")
+        return 0
+    table = Table()
+    for col in ("loop", "model", "turns", "state", "last seq", "started"):
+        table.add_column(col, no_wrap=col != "model")
+    for h in rows:
+        started = h.config.created_at[:19].replace("T", " ") if h.config else ""
+        table.add_row(
+            *_cells(
+                h.loop_id, h.config.model if h.config else "", str(h.turns), loop_state(h), str(h.last_seq), started
+            )
+        )
+    make_console().print(table)
+    return 0
+
+
+async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
+    found: list[GateInfo] = []
+    async with session(settings) as nc:
+        ids = [require_uuid(args.loop, "LOOP")] if args.loop else await loops(nc, settings.names)
+        for loop_id in ids:
+            h, texts = await fold_loop(nc, settings.names, loop_id)
+            found.extend(gates_of(h, texts))
+    if args.json:
+        for g in found:
+            out(
+                json_line(
+                    {
+                        "gate_id": g.gate_id,
+                        "loop_id": g.loop_id,
+                        "kind": g.kind,
+                        "tool": g.tool_name,
+                        "text": g.text,
+                        "choices": g.choices,
+                        "opened_seq": g.opened_seq,
+                    }
+                )
+            )
+        return 0
+    if not found:
+        out("no open gates")
+        return 0
+    table = Table()
+    for col in ("gate", "loop", "kind", "tool", "summary / question"):
+        table.add_column(col, no_wrap=col in ("gate", "loop", "kind"), overflow="fold")
+    for g in found:
+        text = g.text + (f"  [{', '.join(g.choices)}]" if g.choices else "")
+        table.add_row(*_cells(g.gate_id, short(g.loop_id), g.kind, g.tool_name, text))
+    make_console().print(table)
+    return 0
+
+
+async def _answer(
+    args: argparse.Namespace, settings: Settings, action: str, *, text: str = "", reason: str = ""
+) -> int:
+    gate_id = require_uuid(args.gate, "GATE")
+    async with session(settings) as nc:
+        names = settings.names
+        loop_id = require_uuid(args.loop, "--loop") if args.loop else await find_gate_loop(nc, names, gate_id)
+        res = await LoopClient(nc, names).answer(loop_id, gate_id, action, text=text, reason=reason)
+    if args.json:
+        out(json_line({"loop_id": loop_id, "gate_id": gate_id, "action": action, "seq": res.seq}))
+    else:
+        out(f"gate {gate_id} of loop {loop_id}: {action} (seq {res.seq})")
+    return 0
+
+
+async def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
+    return await _answer(args, settings, "approve_always" if args.always else "approve")
+
+
+async def cmd_deny(args: argparse.Namespace, settings: Settings) -> int:
+    return await _answer(args, settings, "deny", reason=args.reason or "")
+
+
+async def cmd_reply(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.text.strip():
+        raise CliError("TEXT must not be empty")
+    return await _answer(args, settings, "reply", text=args.text)
+
+
+async def _loop_verb(args: argparse.Namespace, settings: Settings, verb: str) -> int:
+    loop_id = require_uuid(args.loop, "LOOP")
+    async with session(settings) as nc:
+        client = LoopClient(nc, settings.names)
+        call: Callable[[str], Awaitable[Any]] = client.interrupt if verb == "interrupt" else client.close
+        res = await call(loop_id)
+    if args.json:
+        out(json_line({"loop_id": loop_id, "seq": res.seq}))
+    else:
+        out(f"{verb}: loop {loop_id} (seq {res.seq})")
+    return 0
+
+
+async def cmd_interrupt(args: argparse.Namespace, settings: Settings) -> int:
+    return await _loop_verb(args, settings, "interrupt")
+
+
+async def cmd_close(args: argparse.Namespace, settings: Settings) -> int:
+    return await _loop_verb(args, settings, "close")
+
+
+def _arguments(schema: dict[str, Any]) -> str:
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    parts = []
+    for name, spec in props.items():
+        kind = "any"
+        if isinstance(spec, dict):
+            enum = spec.get("enum")
+            kind = "|".join(map(str, enum)) if isinstance(enum, list) else str(spec.get("type", "any"))
+        parts.append(f"{name}{'' if name in required else '?'}: {kind}")
+    return ", ".join(parts)
+
+
+async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    from services.tools.registry import ToolRegistry
+
+    async with session(settings) as nc:
+        registry = ToolRegistry(nc, settings.names, replicas=settings.replicas)
+        await registry.start()
+        try:
+            live = registry.live()
+            conflicts = registry.conflicts()
+        finally:
+            await registry.stop()
+    if args.json:
+        for t in live:
+            out(msgspec.json.encode(t).decode())
+        for name, specs in conflicts.items():
+            out(json_line({"name": name, "conflict": [msgspec.to_builtins(s) for s in specs]}))
+        return 0
+    if not live and not conflicts:
+        out("no live tools (start one: loopwire serve tool calculator)")
+        return 0
+    table = Table()
+    for col in ("tool", "replicas", "kind", "version", "arguments", "description"):
+        table.add_column(col, no_wrap=col in ("tool", "replicas", "kind"), overflow="fold")
+    for t in live:
+        table.add_row(
+            *_cells(t.name, str(t.replicas), t.kind, t.version, _arguments(t.input_schema), clip(t.description, 60))
+        )
+    for name, specs in conflicts.items():
+        table.add_row(*_cells(name, "-", "", "conflict", "", ", ".join(sorted(s.version for s in specs))))
+    make_console().print(table)
+    return 0

@@ -1,0 +1,59 @@
+"""README.md stays true: the two set-up commands, the configuration table, the examples it quotes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from services.cli import build_parser
+from shared.settings import ENV_VARS
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+INSTALL = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && loopwire demo'
+TEST = "python -m pytest -q"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", README, re.M | re.S)
+
+
+def test_the_two_setup_commands_come_first() -> None:
+    first, second = _blocks("bash")[:2]
+    assert first.strip() == INSTALL
+    assert second.strip() == TEST
+    assert README.index(INSTALL) < README.index("## How it works")
+
+
+def test_ci_runs_the_readme_commands() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = INSTALL.split(" && ")[2]  # CI installs like the README (the demo runs in tests/system)
+    assert install in ci and TEST in ci
+
+
+def test_configuration_table_lists_every_variable() -> None:
+    section = README[README.index("## Configuration") :]
+    rows = re.findall(r"^\| `(LW_[A-Z0-9_]+)` \| (.*) \|$", section, re.M)
+    expected = "".join(f"| `{k}` | {v} |\n" for k, v in ENV_VARS.items())
+    assert rows == list(ENV_VARS.items()), f"README's table must mirror shared.settings.ENV_VARS:\n{expected}"
+
+
+def test_add_a_tool_is_the_example_file() -> None:
+    section = README[README.index("## Add a tool in 10 lines") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    assert code.group(1) == (ROOT / "examples" / "add_a_tool.py").read_text()
+
+
+def test_follow_steps_example_is_quoted_and_short() -> None:
+    text = (ROOT / "examples" / "follow_steps.py").read_text()
+    assert len(text.splitlines()) < 30
+    main = text[text.index("async def main") : text.index("asyncio.run") + len("asyncio.run(main())\n")]
+    assert main in README
+
+
+def test_every_command_the_readme_mentions_exists() -> None:
+    parser = build_parser()
+    commands = {a for a in parser._subparsers._group_actions[0].choices}  # type: ignore[union-attr]
+    mentioned = set(re.findall(r"\bloopwire ([a-z][a-z-]+)", README))
+    assert mentioned <= commands, mentioned - commands

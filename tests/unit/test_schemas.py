@@ -1,0 +1,167 @@
+"""The published contract (schemas/, docs/asyncapi.yaml) is generated from the code and must not drift."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from services.cli import contract, main
+from shared import protocol, subjects
+from shared.codec import encode_live
+from shared.errors import ErrorKind
+from shared.events import EVENT_TYPES
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = ROOT / "schemas"
+ASYNCAPI = ROOT / "docs" / "asyncapi.yaml"
+REGENERATE = "regenerate with: loopwire schema --out schemas --asyncapi docs/asyncapi.yaml"
+
+
+def test_checked_in_schemas_match_the_code() -> None:
+    assert contract.schema_drift(SCHEMAS) == [], REGENERATE
+
+
+def test_checked_in_asyncapi_matches_the_code() -> None:
+    assert contract.asyncapi_drift(ASYNCAPI) == [], REGENERATE
+
+
+def test_drift_is_detected(tmp_path: Path) -> None:
+    contract.write_schemas(tmp_path)
+    assert contract.schema_drift(tmp_path) == []
+    path = tmp_path / "events" / "StepDone.json"
+    doc = json.loads(path.read_text())
+    del doc["$defs"]["StepDone"]["properties"]["messages"]  # as if the code had changed
+    path.write_text(json.dumps(doc))
+    (tmp_path / "events" / "Gone.json").write_text("{}")
+    problems = contract.schema_drift(tmp_path)
+    assert any("differs" in p and "StepDone.json" in p for p in problems)
+    assert any("stale" in p and "Gone.json" in p for p in problems)
+
+
+def test_schema_command_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, api = tmp_path / "s", tmp_path / "asyncapi.yaml"
+    assert main(["schema", "--out", str(out), "--asyncapi", str(api)]) == 0
+    assert main(["schema", "--out", str(out), "--asyncapi", str(api), "--check"]) == 0
+    api.write_text(api.read_text() + "# edited\n")
+    assert main(["schema", "--asyncapi", str(api), "--check"]) == 1
+    assert "differs" in capsys.readouterr().err
+    assert main(["schema"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert set(every) == set(contract.schema_files())
+
+
+def test_every_wire_type_has_a_schema() -> None:
+    files = contract.schema_files()
+    for name in EVENT_TYPES:
+        assert f"events/{name}.json" in files
+    for verb, cls in protocol.REQUEST_TYPES.items():
+        assert f"api/{cls.__name__}.json" in files, verb
+    for path in ("commit/CommitRequest.json", "commit/CommitReply.json", "api/ApiReply.json"):
+        assert path in files
+    for path, doc in files.items():
+        assert doc["$schema"] == contract.JSON_SCHEMA_DIALECT
+        _assert_refs_resolve(doc, doc, path)
+
+
+def _resolve(doc: dict[str, Any], ref: str) -> Any:
+    assert ref.startswith("#/"), ref
+    node: Any = doc
+    for part in ref[2:].split("/"):
+        node = node[part]
+    return node
+
+
+def _assert_refs_resolve(node: Any, doc: dict[str, Any], where: str) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "$ref":
+                _resolve(doc, v)
+            else:
+                _assert_refs_resolve(v, doc, where)
+    elif isinstance(node, list):
+        for v in node:
+            _assert_refs_resolve(v, doc, where)
+
+
+def test_event_schemas_describe_the_encoded_events() -> None:
+    # Every property of an encoded sample is declared, and the type tag is the event's name.
+    files = contract.schema_files()
+    for name, cls in EVENT_TYPES.items():
+        doc = files[f"events/{name}.json"]
+        body = doc["$defs"][name]
+        sample = json.loads(encode_live(cls(loop_id="00000000-0000-4000-8000-000000000000")))
+        assert set(sample) <= set(body["properties"]), name
+        assert body["properties"]["type"]["enum"] == [name]
+        assert body["additionalProperties"] is False
+
+
+def test_commit_request_events_are_documented_as_envelopes() -> None:
+    doc = contract.schema_files()["commit/CommitRequest.json"]
+    items = doc["$defs"]["CommitRequest"]["properties"]["events"]["items"]
+    refs = {r["$ref"].rsplit("/", 1)[1] for r in items["anyOf"]}
+    assert "StepDone" in refs and "TokenDelta" not in refs
+
+
+def test_asyncapi_yaml_reads_back_and_every_ref_resolves() -> None:
+    doc = yaml.safe_load(ASYNCAPI.read_text())
+    assert doc == json.loads(json.dumps(contract.asyncapi_document()))
+    assert doc["asyncapi"].startswith("3.")
+    _assert_refs_resolve(doc, doc, "asyncapi")
+    for name in EVENT_TYPES:
+        assert name in doc["components"]["messages"] and name in doc["components"]["schemas"]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", k) for k in doc["components"]["schemas"])
+    # Operations name messages of their own channel.
+    for op_name, op in doc["operations"].items():
+        channel = op["channel"]["$ref"]
+        for m in op["messages"]:
+            assert m["$ref"].startswith(channel + "/messages/"), op_name
+
+
+def test_asyncapi_lists_every_subject_header_and_error() -> None:
+    text = ASYNCAPI.read_text()
+    n = subjects.Names("{prefix}")
+    for address in (
+        n.hist("{loop_id}"),
+        n.live("{loop_id}", "{event_type}"),
+        n.commit("{loop_id}"),
+        n.work("{loop_id}"),
+        n.tool("{tool_name}"),
+        n.toolctl("{execution_id}"),
+        *(n.api("{loop_id}", verb) for verb in subjects.VERBS),
+    ):
+        assert f'address: "{address}"' in text, address
+    header_names = [v for k, v in vars(subjects).items() if k.startswith("H_")]
+    missing = {h for h in header_names if h not in text}
+    # Read-side JetStream headers (Nats-Sequence, Status, ...) are not part of loopwire's contract.
+    assert missing <= {
+        subjects.H_SEQUENCE,
+        subjects.H_SUBJECT,
+        subjects.H_NUM_PENDING,
+        subjects.H_LAST_SEQUENCE,
+        subjects.H_STATUS,
+    }
+    for kind in ErrorKind:
+        assert f'"{kind.value}"' in text
+
+
+def test_yaml_emitter_round_trips_awkward_values() -> None:
+    value = {
+        "yes": "no",
+        "$ref": "#/a",
+        "key with space": ["", "multi\nline", 'quote"s', "ünï", "- dash", "# hash", ":colon", "null"],
+        "nested": {"empty_d": {}, "empty_l": [], "n": None, "t": True, "i": 3, "f": 1.5},
+        "list": [{"a": 1, "b": [1, {"c": []}]}, [1, 2], []],
+    }
+    assert yaml.safe_load(contract.to_yaml(value, "header\nline")) == value
+
+
+def test_schema_files_are_valid_json_schema_shapes() -> None:
+    # Every top-level schema validates through msgspec's own encoder (a sanity check of the output).
+    for text in contract.render_schemas().values():
+        assert isinstance(msgspec.json.decode(text), dict)
