@@ -24,16 +24,13 @@ enables extended thinking (max_tokens is raised above the budget if needed).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any, Final
 
 import msgspec
 
 from services.model_step.models.base import ModelChunk, ModelRequest, ToolDef
-from services.model_step.models.config import ProviderConfig
 from services.model_step.models.errors import ModelStreamError
-from services.model_step.models.httpstream import clean, open_stream, sse_events
+from services.model_step.models.httpstream import HttpStreamingModel, clean
 from shared.content import (
     AIMessage,
     Block,
@@ -144,6 +141,9 @@ class _Folder:
         self.blocks: dict[int, str] = {}  # index → block type
         self.tool_start_input: dict[int, str] = {}
         self.tool_args: dict[int, int] = {}
+
+    def complete(self) -> bool:
+        return self.done
 
     def on_data(self, data: str) -> list[ModelChunk]:
         try:
@@ -312,18 +312,11 @@ def convert_tools(tools: list[ToolDef]) -> list[dict[str, Any]]:
     ]
 
 
-class AnthropicModel:
+class AnthropicModel(HttpStreamingModel):
     """``anthropic:<model>``: the Messages API, streaming."""
 
-    def __init__(self, model: str, config: ProviderConfig) -> None:
-        self.name = f"anthropic:{model}"
-        self.model = model  # the provider's model name
-        self._model = model
-        self._config = config
-        self._label = f"anthropic:{model}"
-
-    def __repr__(self) -> str:
-        return f"AnthropicModel(name={self.name!r}, base_url={self._config.base_url!r})"
+    provider = "anthropic"
+    incomplete = "message_stop"
 
     @property
     def url(self) -> str:
@@ -354,26 +347,5 @@ class AnthropicModel:
             headers["x-api-key"] = self._config.api_key
         return headers
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        body = msgspec.json.encode(self.request_body(request))
-        folder = _Folder(self._label, self._config.api_key)
-        async with (
-            open_stream(
-                label=self._label,
-                config=self._config,
-                url=self.url,
-                headers=self._headers(),
-                body=body,
-                timeout_seconds=request.timeout_seconds,
-            ) as response,
-            aclosing(sse_events(response, label=self._label, secret=self._config.api_key)) as events,
-        ):
-            async for event in events:
-                for chunk in folder.on_data(event.data):
-                    yield chunk
-                if folder.done:
-                    break
-        if not folder.done:
-            raise ModelStreamError(f"{self._label}: stream ended before message_stop")
-        for chunk in folder.closing():
-            yield chunk
+    def _folder(self) -> _Folder:
+        return _Folder(self._label, self._config.api_key)

@@ -21,14 +21,15 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from typing import Final
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, ClassVar, Final, Protocol
 
 import anyio
 import httpx
 import msgspec
 
+from services.model_step.models.base import ModelChunk, ModelRequest
 from services.model_step.models.config import ProviderConfig
 from services.model_step.models.errors import ModelStreamError, ModelUnavailableError
 from services.model_step.models.sse import SSEDecodeError, SSEDecoder, SSEEvent
@@ -201,3 +202,76 @@ async def sse_events(response: httpx.Response, *, label: str, secret: str = "") 
         raise ModelStreamError(clean(f"{label}: undecodable stream: {e}", secret)) from None
     # An unterminated frame at the end is dropped (SSE rule); the caller then finds its
     # terminal event missing and fails the stream: a cut frame is never guessed at.
+
+
+# --- the skeleton both HTTP adapters share ------------------------------------------------------
+
+
+class StreamFolder(Protocol):
+    """Turns one provider's decoded SSE events into ModelChunks."""
+
+    done: bool  # the provider's end-of-stream marker arrived
+
+    def on_data(self, data: str) -> list[ModelChunk]: ...
+
+    def complete(self) -> bool: ...  # the response ended properly (not cut off)
+
+    def closing(self) -> list[ModelChunk]: ...  # chunks due once the stream is over
+
+
+class HttpStreamingModel:
+    """An HTTP streaming provider: POST the request, fold the SSE events, close on cancel.
+
+    Subclasses give the provider prefix, the URL, the request body, the headers and a folder.
+    """
+
+    provider: ClassVar[str]
+    incomplete: ClassVar[str]  # what a stream that stopped early is called in the error
+
+    def __init__(self, model: str, config: ProviderConfig) -> None:
+        self.name = f"{self.provider}:{model}"
+        self.model = model  # the provider's model name
+        self._model = model
+        self._config = config
+        self._label = self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self._config.base_url!r})"
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _headers(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _folder(self) -> StreamFolder:
+        raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        body = msgspec.json.encode(self.request_body(request))
+        folder = self._folder()
+        async with (
+            open_stream(
+                label=self._label,
+                config=self._config,
+                url=self.url,
+                headers=self._headers(),
+                body=body,
+                timeout_seconds=request.timeout_seconds,
+            ) as response,
+            aclosing(sse_events(response, label=self._label, secret=self._config.api_key)) as events,
+        ):
+            async for event in events:
+                for chunk in folder.on_data(event.data):
+                    yield chunk
+                if folder.done:
+                    break
+        if not folder.complete():
+            raise ModelStreamError(f"{self._label}: stream ended before {self.incomplete}")
+        chunks: Iterable[ModelChunk] = folder.closing()
+        for chunk in chunks:
+            yield chunk

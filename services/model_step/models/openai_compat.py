@@ -23,8 +23,6 @@ with ``error: ``; an error result without that prefix gets it here.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any, Final
 
 import msgspec
@@ -38,9 +36,8 @@ from services.model_step.models.base import (
     ModelRequest,
     ToolDef,
 )
-from services.model_step.models.config import ProviderConfig
 from services.model_step.models.errors import ModelStreamError
-from services.model_step.models.httpstream import clean, open_stream, sse_events
+from services.model_step.models.httpstream import HttpStreamingModel, clean
 from shared.content import (
     AIMessage,
     ImageBlock,
@@ -149,6 +146,9 @@ class _Folder:
         self.tool_args: dict[int, int] = {}  # tool index → argument characters received
         self.tool_ids: dict[str, int] = {}  # tool call id → index
         self.last_index: int | None = None
+
+    def complete(self) -> bool:
+        return self.done or self.finish is not None
 
     def on_data(self, data: str) -> list[ModelChunk]:
         label = self.label
@@ -287,18 +287,11 @@ def convert_tools(tools: list[ToolDef]) -> list[dict[str, Any]]:
     ]
 
 
-class OpenAICompatModel:
+class OpenAICompatModel(HttpStreamingModel):
     """``openai:<model>``: streaming chat completions against any OpenAI-compatible server."""
 
-    def __init__(self, model: str, config: ProviderConfig) -> None:
-        self.name = f"openai:{model}"
-        self.model = model  # the provider's model name
-        self._model = model
-        self._config = config
-        self._label = f"openai:{model}"
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatModel(name={self.name!r}, base_url={self._config.base_url!r})"
+    provider = "openai"
+    incomplete = "the response completed"
 
     @property
     def url(self) -> str:
@@ -323,27 +316,5 @@ class OpenAICompatModel:
             headers["authorization"] = f"Bearer {self._config.api_key}"
         return headers
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        body = msgspec.json.encode(self.request_body(request))
-        key = self._config.api_key
-        folder = _Folder(self._label, key)
-        async with (
-            open_stream(
-                label=self._label,
-                config=self._config,
-                url=self.url,
-                headers=self._headers(),
-                body=body,
-                timeout_seconds=request.timeout_seconds,
-            ) as response,
-            aclosing(sse_events(response, label=self._label, secret=key)) as events,
-        ):
-            async for event in events:
-                for chunk in folder.on_data(event.data):
-                    yield chunk
-                if folder.done:
-                    break
-        if not folder.done and folder.finish is None:
-            raise ModelStreamError(f"{self._label}: stream ended before the response completed")
-        for chunk in folder.closing():
-            yield chunk
+    def _folder(self) -> _Folder:
+        return _Folder(self._label, self._config.api_key)
