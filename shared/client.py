@@ -9,6 +9,7 @@ de-duplicated by event id and loop-API commands by command id.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,9 +70,25 @@ def _unavailable(message: str) -> UnavailableError:
     return UnavailableError(ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message=message))
 
 
+# "No responders" is retried this long: a committer that just started (or restarted in a rolling
+# update) may not have its interest propagated through the cluster yet.
+NO_RESPONDERS_GRACE: Final = 2.0
+
+
 async def _request(nc: NATS, subject: str, payload: bytes, wait: float) -> bytes:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + min(wait, NO_RESPONDERS_GRACE)
+    delay = 0.02
     try:
-        msg = await nc.request(subject, payload, timeout=wait)
+        while True:
+            try:
+                msg = await nc.request(subject, payload, timeout=wait)
+                break
+            except nats.errors.NoRespondersError:
+                if loop.time() + delay > give_up:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
     except nats.errors.NoRespondersError:
         raise _unavailable(f"no committer is serving {subject}") from None
     except nats.errors.TimeoutError:

@@ -117,6 +117,7 @@ def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[s
     kind, sep, rest = spec.partition(":")
     if spec == "demo":
         from services.model_step.models.demo import DemoModel
+        from shared.settings import Settings
 
         st = settings if settings is not None else Settings.from_env(env)
         return DemoModel(chunk_delay=st.demo_chunk_delay)
