@@ -24,6 +24,18 @@ def setup_logging(settings: Settings, name: str) -> None:
     )
 
 
+def event_loop_options(settings: Settings) -> dict[str, bool]:
+    """asyncio backend options: uvloop when LW_UVLOOP is set and the package is installed."""
+    if not settings.uvloop:
+        return {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        logging.getLogger("loopwire").warning("LW_UVLOOP is set but uvloop is not installed; using asyncio's loop")
+        return {}
+    return {"use_uvloop": True}
+
+
 def run_service(name: str, serve: ServeFn, settings: Settings | None = None) -> int:
     """Run ``serve(settings, stop, ready)`` until SIGTERM/SIGINT sets ``stop``; 0 on a graceful stop."""
     settings = settings or Settings.from_env()
@@ -53,7 +65,7 @@ def run_service(name: str, serve: ServeFn, settings: Settings | None = None) -> 
             tg.cancel_scope.cancel()
 
     try:
-        anyio.run(main)
+        anyio.run(main, backend_options=event_loop_options(settings))
     except KeyboardInterrupt:
         return 130
     return 0

@@ -66,7 +66,7 @@ ERR_BATCH_DUPLICATE_MSG_ID: Final = 10201
 ERR_BATCH_INCOMPLETE: Final = 10176
 ERR_BATCH_TOO_MANY_INFLIGHT: Final = 10210
 ERR_JS_UNAVAILABLE: Final = 10008
-ERR_MAX_MSGS_PER_SUBJECT: Final = 10077  # discard-new per subject: a work signal is already pending
+ERR_MAX_MSGS_PER_SUBJECT: Final = 10077  # a discard-new-per-subject stream refused a second message
 ERR_MSG_TOO_LARGE: Final = 10054
 ERR_NO_MESSAGE: Final = 10037
 ERR_STREAM_NOT_FOUND: Final = 10059
@@ -190,8 +190,10 @@ def work_stream_config(settings: Settings) -> api.StreamConfig:
         storage=api.StorageType.FILE,
         num_replicas=settings.replicas,
         max_msgs_per_subject=1,
-        discard=api.DiscardPolicy.NEW,
-        discard_new_per_subject=True,
+        # A new signal replaces the pending one (design brief: "discard new"; see docs/architecture.md):
+        # a signal sent while a replica still holds the loop's item is never refused, so a replica that
+        # dies between acking its item and looking again cannot strand the loop.
+        discard=api.DiscardPolicy.OLD,
     )
 
 

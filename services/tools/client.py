@@ -88,6 +88,8 @@ class ToolClient:
         self._lock = anyio.Lock()
 
     async def start(self) -> None:
+        if self._sub is not None:  # already started: skip the lock (an anyio.Lock yields even when free)
+            return
         async with self._lock:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()

@@ -178,7 +178,7 @@ async def run_batch(
     traceparent: str = "",
 ) -> list[ToolResultMessage]:
     """Run one step's calls; one result per call, in call order (see the module docstring)."""
-    emit_lock = anyio.Lock()
+    emit_lock = anyio.Lock(fast_acquire=True)  # uncontended: no yield (and no extra socket write) per event
 
     async def emit(event: Event) -> None:
         # Live events are best effort: a failed publish never fails the batch.

@@ -44,6 +44,12 @@ REGISTRATION_TTL_SECONDS: Final = TOOLS_TTL_SECONDS
 REFRESH_SECONDS: Final = TOOLS_TTL_SECONDS / 3
 _SWEEP_SECONDS: Final = 1.0
 
+
+def _silence_seconds() -> float:
+    """No registration at all for this long: the bucket, not the workers, is the likely problem."""
+    return REFRESH_SECONDS + 2 * _SWEEP_SECONDS
+
+
 _KV_DEL: Final = "DEL"
 _KV_PURGE: Final = "PURGE"
 
@@ -85,6 +91,7 @@ class ToolRegistry:
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: Any = None
         self._seq = 0
+        self._last_put = time.monotonic()  # when the last registration arrived (see _sweep)
 
     async def __aenter__(self) -> ToolRegistry:
         await self.start()
@@ -136,8 +143,15 @@ class ToolRegistry:
             reg = _reg_decoder.decode(value)
             if reg.spec.name != name or not valid_tool_name(name):
                 raise ValueError(f"registration key {key!r} does not match spec name {reg.spec.name!r}")
+            now = time.monotonic()
+            if now - self._last_put > _silence_seconds():
+                # Writes resume after a silence (see _sweep): it counts against nobody's TTL.
+                for regs in self._regs.values():
+                    for w, (order, _, r) in regs.items():
+                        regs[w] = (order, now, r)
+            self._last_put = now
             self._seq += 1
-            self._regs.setdefault(name, {})[worker_id] = (self._seq, time.monotonic(), reg)
+            self._regs.setdefault(name, {})[worker_id] = (self._seq, now, reg)
             self._no_workers.discard(name)
         self._notify()
 
@@ -146,9 +160,18 @@ class ToolRegistry:
         self._changed = anyio.Event()
 
     async def _sweep(self) -> None:
-        """Forget registrations nobody refreshed for the TTL (dead workers; KV expiry is silent)."""
+        """Forget registrations nobody refreshed for the TTL (dead workers; KV expiry is silent).
+
+        Only while registrations keep arriving: when none at all came for longer than a refresh
+        period, the bucket is the likely problem, not every worker at once (its stream is electing
+        a leader after a NATS node died, and no worker can refresh), so what is known is kept
+        until writes resume instead of every tool vanishing for every caller. A worker that really
+        died meanwhile is caught by NATS "no responders" (:meth:`mark_no_workers`).
+        """
         while True:
             await asyncio.sleep(_SWEEP_SECONDS)
+            if time.monotonic() - self._last_put > _silence_seconds():
+                continue
             cutoff = time.monotonic() - REGISTRATION_TTL_SECONDS
             changed = False
             for name in list(self._regs):

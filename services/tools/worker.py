@@ -60,6 +60,7 @@ IDEMPOTENCY_TTL_SECONDS: Final = 60.0
 IDEMPOTENCY_MAX_ENTRIES: Final = 1024
 START_RETRY_SECONDS: Final = 30.0
 _CANCELLED_EARLY_MAX: Final = 1024
+EARLY_CANCEL_SECONDS: Final = 1.0  # how long a cancel that arrived before its request is remembered
 _PROGRESS_BUFFER: Final = 16
 _REPLY_MARGIN_BYTES: Final = 4096
 
@@ -294,7 +295,11 @@ class Worker:
     ) -> tuple[str, bytes]:
         timeout = t.spec(self.settings).timeout_seconds
         deadline = deadline_ms / 1000 if deadline_ms is not None else time.time() + timeout
-        if ids.execution_id and self._cancelled_early.pop(ids.execution_id, None) is not None:
+        early = self._cancelled_early.pop(ids.execution_id, None) if ids.execution_id else None
+        # Only a cancel that just overtook this request counts: execution ids are derived from the step,
+        # so a step re-run after a crash or restart reuses them, and the old run's cancel (seen by every
+        # worker) must not refuse the new run's call.
+        if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
         send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
         ctx = ToolContext(

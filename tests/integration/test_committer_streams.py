@@ -33,7 +33,7 @@ async def test_ensure_all_is_idempotent_and_race_safe(nc: NATS, settings: Settin
     assert h.duplicate_window >= 120 and h.num_replicas == 1
     w = (await js.stream_info(n.work_stream)).config
     assert w.subjects == [n.work_all] and w.retention == api.RetentionPolicy.WORK_QUEUE
-    assert w.max_msgs_per_subject == 1 and w.discard == api.DiscardPolicy.NEW and w.discard_new_per_subject
+    assert w.max_msgs_per_subject == 1 and w.discard == api.DiscardPolicy.OLD and not w.discard_new_per_subject
     tools = (await js.stream_info(f"KV_{n.tools_bucket}")).config
     assert tools.max_age == TOOLS_TTL_SECONDS and tools.max_msgs_per_subject == 1 and tools.allow_msg_ttl
     leases = (await js.stream_info(f"KV_{n.leases_bucket}")).config
@@ -51,10 +51,18 @@ async def test_incompatible_streams_and_buckets_are_reported(nc: NATS, settings:
     )
     assert err.value.name == n.history_stream and "allow_atomic" in str(err.value)
 
-    await js.add_stream(api.StreamConfig(name=n.work_stream, subjects=[n.work_all]))
+    await js.add_stream(
+        api.StreamConfig(
+            name=n.work_stream,
+            subjects=[n.work_all],
+            max_msgs_per_subject=1,
+            discard=api.DiscardPolicy.NEW,
+            discard_new_per_subject=True,
+        )
+    )
     with pytest.raises(IncompatibleConfigError) as err:
         await ensure_work_stream(js, settings)
-    assert {"retention", "max_msgs_per_subject", "discard", "discard_new_per_subject"} <= set(err.value.differences)
+    assert {"retention", "discard", "discard_new_per_subject"} <= set(err.value.differences)
 
     await ensure_kv(js, n.leases_bucket, ttl=30)
     with pytest.raises(IncompatibleConfigError) as err:

@@ -20,7 +20,6 @@ from nats.aio.client import Client as NATS
 
 from shared.bus import (
     ERR_BATCH_DUPLICATE_MSG_ID,
-    ERR_MAX_MSGS_PER_SUBJECT,
     ERR_WRONG_LAST_SEQUENCE,
     ERR_WRONG_LAST_SEQUENCE_INFLIGHT,
     JetStreamError,
@@ -188,9 +187,19 @@ async def test_racing_conditional_appends_one_wins(env: Env) -> None:
 
 
 async def test_work_stream_keeps_one_pending_signal_per_loop(env: Env) -> None:
-    await ensure_work_stream(env.nc.jetstream(timeout=10), env.settings)
-    subj = env.settings.names.work(str(uuid.uuid4()))
+    """A second signal replaces the pending one, even while a consumer holds the first un-acked:
+    the flag is never refused, and the replacement is delivered again after the holder acks."""
+    js = env.nc.jetstream(timeout=10)
+    await ensure_work_stream(js, env.settings)
+    n = env.settings.names
+    subj = n.work(str(uuid.uuid4()))
     await js_publish(env.nc, subj, b"", {}, request_timeout=T)
-    with pytest.raises(JetStreamError) as err:
-        await js_publish(env.nc, subj, b"", {}, request_timeout=T)
-    assert err.value.err_code == ERR_MAX_MSGS_PER_SUBJECT
+    sub = await js.pull_subscribe(subj, durable="pin_" + uuid.uuid4().hex[:8], stream=n.work_stream)
+    (held,) = await sub.fetch(1, timeout=T)
+    second = await js_publish(env.nc, subj, b"", {}, request_timeout=T)  # not refused
+    info = await js.stream_info(n.work_stream, subjects_filter=subj)
+    assert info.state.messages == 1 and info.state.last_seq == second.seq
+    await held.ack()  # acking the replaced item leaves the new one pending
+    (again,) = await sub.fetch(1, timeout=T)
+    assert again.metadata.sequence.stream == second.seq
+    await again.ack()

@@ -1,0 +1,300 @@
+"""A loopwire deployment for the benchmarks: nats-server(s) and every service as its own OS process.
+
+:class:`Deployment` starts one nats-server (R1) or a 3-node cluster (R3), ``replicas`` committers,
+calculator tool workers and model-step replicas (``shared.procs``), and runs loops of the workload
+through the loop API. Step timings come from a live core subscription to the history subjects:
+the committer's JetStream publish on ``<prefix>.hist.<loop>`` reaches core subscribers too, so each
+record is timestamped when it is committed, without touching the services. Core subscribers also
+see the publishes JetStream turns down (a retried append), so records are counted once per event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from bench.common import pct
+from bench.workload import USER_TEXT, write_script
+from shared.bus import connect, ensure_all
+from shared.client import LoopClient
+from shared.events import Limits
+from shared.natsserver import NatsCluster, NatsServer
+from shared.procs import ServiceProcess, Supervisor
+from shared.settings import Settings
+
+PREFIX = "bench"
+LEASE_TTL = 3.0  # seconds; the default (LW_LEASE_TTL_SECONDS) is 30, see docs/benchmarks.md
+BIG_LIMITS = Limits(max_iterations=1_000_000, max_calls_per_turn=1_000_000)
+
+_TYPE_AT = len(b'{"v":1,"type":"')
+
+
+def record_type(data: bytes) -> str:
+    """The event type of a stored envelope (``{"v":1,"type":"<Name>",...``) without decoding it."""
+    end = data.find(b'"', _TYPE_AT)
+    return data[_TYPE_AT:end].decode() if end > 0 else ""
+
+
+def event_id(data: bytes) -> bytes:
+    """The ``event_id`` of a stored envelope, found without decoding it (b"" if absent)."""
+    i = data.find(b'"event_id":"')
+    return data[i + 12 : i + 48] if i >= 0 else b""
+
+
+@dataclass
+class LoopTrace:
+    """Commit times (perf_counter) of one loop's records, by type."""
+
+    started: float = 0.0
+    seen: set[bytes] = field(default_factory=set)  # event ids: a retried publish is delivered again
+    turn_started: float = 0.0
+    steps: list[float] = field(default_factory=list)
+    idle: float = 0.0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def step_intervals(self, tool_steps: int) -> list[float]:
+        """Per-step cycle times of the ``tool_steps`` tool steps (TurnStarted → step 1 → step 2 ...)."""
+        times = [self.turn_started, *self.steps[:tool_steps]]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+
+@dataclass
+class LoopsRun:
+    loops: int
+    steps: int
+    seconds: float
+    traces: dict[str, LoopTrace]
+
+    @property
+    def intervals(self) -> list[float]:
+        out: list[float] = []
+        for t in self.traces.values():
+            out.extend(t.step_intervals(self.steps))
+        return out
+
+    @property
+    def rate(self) -> float:
+        return self.loops * self.steps / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        iv = self.intervals
+        return {
+            "loops": self.loops,
+            "steps_per_loop": self.steps,
+            "seconds": round(self.seconds, 4),
+            "steps_per_s": round(self.rate, 1),
+            "step_p50_ms": round(pct(iv, 0.5) * 1000, 3),
+            "step_p99_ms": round(pct(iv, 0.99) * 1000, 3),
+        }
+
+
+@dataclass
+class Deployment:
+    replicas: int = 1  # processes of each service
+    cluster: bool = False  # 3-node cluster, R3 streams
+    env_extra: dict[str, str] = field(default_factory=dict)
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
+    server: NatsServer | None = None
+    nats_cluster: NatsCluster | None = None
+    sup: Supervisor = field(default_factory=Supervisor)
+    urls: list[str] = field(default_factory=list)
+    nc: NATS | None = None
+    _traces: dict[str, LoopTrace] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(
+            {},
+            nats_urls=tuple(self.urls),
+            prefix=PREFIX,
+            replicas=3 if self.cluster else 1,
+            lease_ttl_seconds=LEASE_TTL,
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "LW_NATS_URL": ",".join(self.urls),
+            "LW_PREFIX": PREFIX,
+            "LW_REPLICAS": "3" if self.cluster else "1",
+            "LW_LOG_LEVEL": "WARNING",
+            "LW_MODEL_STEP_CONCURRENCY": "512",
+            "LW_LEASE_TTL_SECONDS": str(LEASE_TTL),
+            **self.env_extra,
+        }
+
+    # --- life cycle
+
+    def start_nats(self) -> None:
+        if self.cluster:
+            self.nats_cluster = NatsCluster(base_dir=str(self.work / "nats")).start()
+            self.urls = self.nats_cluster.urls
+        else:
+            self.server = NatsServer(store_dir=str(self.work / "nats")).start()
+            self.urls = [self.server.url]
+
+    def _svc(self, name: str, args: list[str]) -> ServiceProcess:
+        n = len(self.sup.by_name(name))
+        return self.sup.start(
+            ServiceProcess(name, args, self.env, log_path=str(self.work / f"{name}-{n}.log")), timeout=60
+        )
+
+    def start_committers(self) -> None:
+        for _ in range(self.replicas):
+            self._svc("committer", ["-m", "services.committer"])
+
+    def start_tools(self) -> None:
+        for _ in range(self.replicas):
+            self._svc("tools", ["-m", "services.tools", "calculator"])
+
+    def start_model_steps(self) -> None:
+        for _ in range(self.replicas):
+            self.model_step()
+
+    def model_step(self) -> ServiceProcess:
+        return self._svc("model-step", ["-m", "services.model_step"])
+
+    def start(self) -> Deployment:
+        self.start_nats()
+        self.start_committers()
+        self.start_tools()
+        self.start_model_steps()
+        return self
+
+    async def connect(self) -> NATS:
+        self.nc = await connect(self.settings, name="bench")
+        await ensure_all(self.nc.jetstream(timeout=10), self.settings)
+        await self.nc.subscribe(self.settings.names.hist_all, cb=self._on_record)
+        await self.nc.flush()
+        return self.nc
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.close()
+            self.nc = None
+
+    def stop(self) -> None:
+        self.sup.stop_all(timeout=10)
+        if self.nats_cluster is not None:
+            self.nats_cluster.cleanup()
+        if self.server is not None:
+            self.server.cleanup()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def pids(self, name: str) -> list[int]:
+        return [s.pid for s in self.sup.by_name(name) if s.running]
+
+    def kill(self, svc: ServiceProcess) -> None:
+        os.kill(svc.pid, signal.SIGKILL)
+        svc.kill()
+
+    # --- observing commits
+
+    async def _on_record(self, msg: Msg) -> None:
+        t = time.perf_counter()
+        trace = self._traces.get(msg.subject[len(PREFIX) + 6 :])
+        if trace is None:
+            return
+        eid = event_id(msg.data)
+        if eid in trace.seen:
+            return
+        trace.seen.add(eid)
+        kind = record_type(msg.data)
+        if kind == "StepDone":
+            trace.steps.append(t)
+        elif kind == "TurnStarted":
+            trace.turn_started = t
+        elif kind == "LoopIdle":
+            trace.idle = t
+            trace.done.set()
+
+    # --- running loops
+
+    async def start_loop(self, model: str, loop_id: str | None = None) -> str:
+        assert self.nc is not None
+        lid = loop_id or str(uuid.uuid4())
+        trace = self._traces[lid] = LoopTrace(started=time.perf_counter())
+        lc = LoopClient(self.nc, self.settings.names, timeout=60)
+        await lc.start(lid, model=model, tools=["calculator"], limits=BIG_LIMITS)
+        await lc.input(lid, USER_TEXT)
+        assert trace is self._traces[lid]
+        return lid
+
+    async def run_loops(self, loops: int, steps: int, *, timeout: float = 600.0) -> LoopsRun:
+        """Start ``loops`` loops of ``steps`` tool steps at once; wait until every one is idle."""
+        model = write_script(self.work / "scripts", steps)
+        t0 = time.perf_counter()
+        sem = asyncio.Semaphore(64)
+
+        async def start_one() -> str:
+            async with sem:
+                return await self.start_loop(model)
+
+        ids = await asyncio.gather(*(start_one() for _ in range(loops)))
+        traces = {lid: self._traces[lid] for lid in ids}
+        await asyncio.wait_for(asyncio.gather(*(t.done.wait() for t in traces.values())), timeout)
+        seconds = max(t.idle for t in traces.values()) - t0
+        for lid in ids:
+            self._traces.pop(lid, None)
+        bad = [lid for lid, t in traces.items() if len(t.steps) != steps + 1]
+        if bad:
+            raise RuntimeError(
+                f"{len(bad)} loop(s) did not commit {steps + 1} steps; e.g. {bad[0]}: {await self.describe(bad[0])}"
+            )
+        return LoopsRun(loops=loops, steps=steps, seconds=seconds, traces=traces)
+
+    async def describe(self, loop_id: str) -> str:
+        """A short account of a loop's committed history (for error messages)."""
+        from shared.events import StepDone
+        from shared.history import replay
+
+        assert self.nc is not None
+        kinds: list[str] = []
+        errors: list[str] = []
+        async for _, e in replay(self.nc, loop_id, names=self.settings.names):
+            kinds.append(type(e).__name__)
+            if isinstance(e, StepDone):
+                for m in e.messages[1:]:
+                    if getattr(m, "is_error", False):
+                        errors.append(str(m.blocks)[:120])
+            elif hasattr(e, "err"):
+                errors.append(str(e.err)[:200])
+        counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+        return f"{counts}; errors: {errors[:2]}"
+
+    def trace(self, loop_id: str) -> LoopTrace:
+        return self._traces[loop_id]
+
+    async def stream_bytes(self) -> tuple[int, int]:
+        """(bytes, messages) of the history stream."""
+        assert self.nc is not None
+        info = await self.nc.jetstream(timeout=10).stream_info(self.settings.names.history_stream)
+        return int(info.state.bytes), int(info.state.messages)
+
+    async def warm_up(self, steps: int = 20) -> None:
+        """Wait until every tool worker is registered, then run a few loops through every replica."""
+        assert self.nc is not None
+        kv = await self.nc.jetstream(timeout=10).key_value(self.settings.names.tools_bucket)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                keys = await kv.keys()
+            except Exception:
+                keys = []
+            if len([k for k in keys if k.startswith("calculator.")]) >= self.replicas:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # the model-steps' registry watch sees the entries within milliseconds
+        await self.run_loops(max(2, 2 * self.replicas), steps, timeout=120)

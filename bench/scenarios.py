@@ -1,0 +1,463 @@
+"""The loopwire scenarios: floor, step, throughput, replay (and the historical ``commit`` bench).
+
+Every scenario returns a dict ``{"rows": [Row...], "tables": [str...], ...}``; ``ctx`` carries the
+results of earlier scenarios of the same run so ratios are computed against figures measured in
+that run (a scenario run alone measures the floor it needs first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bench.common import Row, pct, ratio, table
+from bench.floor import FloorRun, floor_rows, run_floor, step_record
+from bench.lw import BIG_LIMITS, Deployment
+from bench.profile import CpuMeter, Profiler, render
+from bench.workload import ARGS, TOOL_RESULT, USER_TEXT
+from shared.natsserver import NatsCluster, NatsServer
+from shared.procs import ServiceProcess
+
+Ctx = dict[str, Any]
+
+
+def _sizes(quick: bool) -> dict[str, int]:
+    if quick:
+        return {"floor_seq": 300, "floor_loop_steps": 20, "step": 200, "tp_steps": 10, "replay_max": 10_000}
+    return {"floor_seq": 1000, "floor_loop_steps": 40, "step": 500, "tp_steps": 20, "replay_max": 10_000}
+
+
+# --- floor ----------------------------------------------------------------------------------------
+
+
+def run_floor_scenario(ctx: Ctx, quick: bool, cluster: bool = False) -> dict[str, Any]:
+    sz = _sizes(quick)
+    key = "floor_r3" if cluster else "floor"
+    nc_: NatsCluster | None = None
+    srv: NatsServer | None = None
+    if cluster:
+        nc_ = NatsCluster().start()
+        url, replicas = nc_.url, 3
+    else:
+        srv = NatsServer().start()
+        url, replicas = srv.url, 1
+    procs = [
+        ServiceProcess(
+            f"floor-{k}", ["-m", "bench.floor", "serve", k, "--url", url, "--replicas", str(replicas)], {}
+        ).start(timeout=60)
+        for k in ("tool", "commit")
+    ]
+    record = step_record()
+    try:
+        pids = {p.name: p.pid for p in procs}
+        servers = nc_.nodes if nc_ is not None else [srv]
+        for n in servers:
+            assert n is not None and n.proc is not None
+            pids[f"nats-{n.name}"] = n.proc.pid
+        pids["driver"] = os.getpid()
+
+        async def go() -> tuple[list[FloorRun], list[dict[str, float]]]:
+            runs, cpus = [], []
+            for loops, steps in ((1, sz["floor_seq"]), (64, sz["floor_loop_steps"])):
+                meter = CpuMeter(pids)
+                runs.append(await run_floor(url, loops, steps, record))
+                cpus.append(meter.stop())
+            return runs, cpus
+
+        runs, cpus = asyncio.run(go())
+    finally:
+        for p in procs:
+            p.stop()
+        if nc_ is not None:
+            nc_.cleanup()
+        if srv is not None:
+            srv.cleanup()
+    config = "3-node cluster, R3" if cluster else "1 server, R1"
+    rows = floor_rows(runs, config)
+    for row, cpu, run in zip(rows, cpus, runs, strict=True):
+        row.extra["cpu_us_per_step"] = {k: round(v / (run.loops * run.steps) * 1e6) for k, v in cpu.items()}
+    ctx[key] = {"seq": rows[0], "concurrent": rows[1]}
+    t = table(
+        f"floor: nats-py request/reply to a trivial tool responder + a CAS-publishing commit responder ({config})",
+        ["loops", "steps", "p50 ms", "p99 ms", "steps/s", "CPU µs/step (all processes)"],
+        [
+            [r.extra["loops"], r.steps, r.p50_ms, r.p99_ms, r.steps_per_s, sum(r.extra["cpu_us_per_step"].values())]
+            for r in rows
+        ],
+    )
+    return {"rows": rows, "tables": [t], "record_bytes": len(record)}
+
+
+def _floor(ctx: Ctx, quick: bool) -> dict[str, Row]:
+    if "floor" not in ctx:
+        run_floor_scenario(ctx, quick)
+    floor: dict[str, Row] = ctx["floor"]
+    return floor
+
+
+# --- step -----------------------------------------------------------------------------------------
+
+
+def run_step_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
+    sz = _sizes(quick)
+    floor = _floor(ctx, quick)
+    d = Deployment().start()
+    try:
+
+        async def go() -> Any:
+            await d.connect()
+            await d.warm_up()
+            pids = _pids(d)
+            meter = CpuMeter(pids)
+            run = await d.run_loops(1, sz["step"])
+            cpu = meter.stop()
+            await d.close()
+            return run, cpu
+
+        run, cpu = asyncio.run(go())
+    finally:
+        d.stop()
+    iv = run.intervals
+    row = Row.from_latencies(
+        "step",
+        "loopwire",
+        "1 loop, R1, 1 replica each",
+        iv,
+        run.seconds,
+        steps=run.steps,
+        durability="JetStream R1 file store (fsync per default sync_interval)",
+        cpu_us_per_step={k: round(v / run.steps * 1e6) for k, v in cpu.items()},
+    )
+    base = floor["seq"]
+    row.extra["p50_x_floor"] = ratio(row.p50_ms, base.p50_ms)
+    row.extra["p99_x_floor"] = ratio(row.p99_ms, base.p99_ms)
+    ctx["step"] = row
+    t = table(
+        f"step: one loop, instant scripted model, one calculator call per step, {run.steps} steps",
+        ["system", "p50 ms", "p99 ms", "mean ms", "p50 × floor", "target", "CPU µs/step (all processes)"],
+        [
+            ["nats-py floor", base.p50_ms, base.p99_ms, "", 1.0, "", ""],
+            [
+                "loopwire",
+                row.p50_ms,
+                row.p99_ms,
+                round(sum(iv) / len(iv) * 1000, 3),
+                row.extra["p50_x_floor"],
+                "≤ 1.3",
+                sum(row.extra["cpu_us_per_step"].values()),
+            ],
+        ],
+    )
+    return {"rows": [row], "tables": [t]}
+
+
+def _pids(d: Deployment) -> dict[str, int]:
+    pids = {f"{s.name}-{i}": s.pid for i, s in enumerate(d.sup.services) if s.running}
+    servers = d.nats_cluster.nodes if d.nats_cluster is not None else [d.server]
+    for n in servers:
+        if n is not None and n.proc is not None:
+            pids[f"nats-{n.name}"] = n.proc.pid
+    pids["bench"] = os.getpid()
+    return pids
+
+
+# --- throughput -----------------------------------------------------------------------------------
+
+
+def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict[str, Any]:
+    sz = _sizes(quick)
+    floor = _floor(ctx, quick)
+    base = floor["concurrent"]
+    rows: list[Row] = []
+    profiles: dict[str, Any] = {}
+    for replicas in (1, 2):
+        d = Deployment(replicas=replicas).start()
+        try:
+
+            async def go(replicas: int = replicas, d: Deployment = d) -> None:
+                await d.connect()
+                await d.warm_up()
+                for loops in (64, 256):
+                    pids = _pids(d)
+                    prof = None
+                    if profile and replicas == 1 and loops == 64:
+                        services = {k: v for k, v in pids.items() if not k.startswith(("nats-", "bench"))}
+                        prof = Profiler(services, Path(d.work) / "profile")
+                    meter = CpuMeter(pids)
+                    run = await d.run_loops(loops, sz["tp_steps"])
+                    cpu = meter.stop()
+                    if prof is not None:
+                        profiles.update(prof.stop())
+                    n = run.loops * run.steps
+                    row = Row.from_latencies(
+                        "throughput",
+                        "loopwire",
+                        f"{loops} loops × {run.steps} steps, {replicas} replica(s) of each service",
+                        run.intervals,
+                        run.seconds,
+                        steps=n,
+                        durability="JetStream R1 file store",
+                        loops=loops,
+                        replicas=replicas,
+                        cpu_us_per_step={k: round(v / n * 1e6) for k, v in cpu.items()},
+                    )
+                    row.extra["rate_x_floor"] = ratio(row.steps_per_s, base.steps_per_s)
+                    rows.append(row)
+                await d.close()
+
+            asyncio.run(go())
+        finally:
+            d.stop()
+    ctx["throughput"] = rows
+    t = table(
+        "throughput: concurrent loops, committed tool steps per second (wall: first start → last loop idle)",
+        ["loops", "replicas", "steps", "seconds", "steps/s", "× floor (64 loops)", "target", "step p50 ms", "p99 ms"],
+        [["floor", 1, base.steps, base.seconds, base.steps_per_s, 1.0, "", base.p50_ms, base.p99_ms]]
+        + [
+            [
+                r.extra["loops"],
+                r.extra["replicas"],
+                r.steps,
+                r.seconds,
+                r.steps_per_s,
+                r.extra["rate_x_floor"],
+                "≥ 0.5",
+                r.p50_ms,
+                r.p99_ms,
+            ]
+            for r in rows
+        ],
+    )
+    cpu_rows = []
+    first = next((r for r in rows if r.extra["loops"] == 64 and r.extra["replicas"] == 1), None)
+    fl = base.extra.get("cpu_us_per_step", {})
+    if first is not None:
+        lw = first.extra["cpu_us_per_step"]
+
+        def grp(d: dict[str, int], *prefixes: str) -> int:
+            return sum(v for k, v in d.items() if k.startswith(prefixes))
+
+        cpu_rows = [
+            ["model-step / floor driver", grp(lw, "model-step"), grp(fl, "driver")],
+            ["tool worker / tool responder", grp(lw, "tools"), grp(fl, "floor-tool")],
+            ["committer / commit responder", grp(lw, "committer"), grp(fl, "floor-commit")],
+            ["nats-server", grp(lw, "nats-"), grp(fl, "nats-")],
+            ["benchmark process (observer)", grp(lw, "bench"), 0],
+            ["total", sum(lw.values()), sum(fl.values())],
+        ]
+    t2 = table(
+        "where the CPU goes: CPU µs per committed step, 64 loops, 1 replica (user+system, /proc)",
+        ["process", "loopwire", "floor"],
+        cpu_rows,
+    )
+    tables = [t, t2]
+    if profiles:
+        tables.append("py-spy profile of the 64-loop, 1-replica run (250 Hz):\n" + render(profiles, 10))
+    return {"rows": rows, "tables": tables, "profiles": profiles}
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+def run_replay_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
+    sz = _sizes(quick)
+    lengths = [100, 1_000, sz["replay_max"]]
+    d = Deployment()
+    d.start_nats()
+    d.start_committers()
+    try:
+        out = asyncio.run(_replay(d, lengths, quick))
+    finally:
+        d.stop()
+    rows: list[Row] = []
+    for n, r in out["replay"].items():
+        rows.append(
+            Row(
+                scenario="replay",
+                system="loopwire",
+                config=f"{n:,}-step loop",
+                steps=n,
+                seconds=round(r["load_s"], 4),
+                extra=r,
+            )
+        )
+    c = out["commit"]
+    rows.append(
+        Row.from_latencies(
+            "replay",
+            "loopwire",
+            "commit latency at step 10",
+            c["short"],
+            sum(c["short"]),
+            durability="JetStream R1 file store",
+        )
+    )
+    rows.append(
+        Row.from_latencies(
+            "replay",
+            "loopwire",
+            f"commit latency at step {lengths[-1]:,}",
+            c["long"],
+            sum(c["long"]),
+            durability="JetStream R1 file store",
+        )
+    )
+    ctx["replay"] = out
+    t = table(
+        "replay: read a loop's whole history back (replay() = decode + validate; load() = replay + fold)",
+        ["steps", "records", "replay s", "replay events/s", "load s", "load events/s", "bytes/step", "target"],
+        [
+            [
+                n,
+                r["records"],
+                round(r["replay_s"], 4),
+                round(r["replay_eps"]),
+                round(r["load_s"], 4),
+                round(r["load_eps"]),
+                round(r["bytes_per_step"]),
+                "≥ 20,000 ev/s",
+            ]
+            for n, r in out["replay"].items()
+        ],
+    )
+    s50, l50 = pct(c["short"], 0.5) * 1000, pct(c["long"], 0.5) * 1000
+    t2 = table(
+        "commit latency vs history length (one-event commits through the committer, interleaved)",
+        ["history", "commits", "p50 ms", "p99 ms", "mean ms", "target"],
+        [
+            ["10 steps", len(c["short"]), s50, pct(c["short"], 0.99) * 1000, _mean_ms(c["short"]), ""],
+            [
+                f"{lengths[-1]:,} steps",
+                len(c["long"]),
+                l50,
+                pct(c["long"], 0.99) * 1000,
+                _mean_ms(c["long"]),
+                f"within 10% (p50 ratio {l50 / s50:.3f})",
+            ],
+        ],
+    )
+    return {"rows": rows, "tables": [t, t2]}
+
+
+def _mean_ms(xs: list[float]) -> float:
+    return round(sum(xs) / len(xs) * 1000, 3) if xs else 0.0
+
+
+def _step_events(loop_id: str, turn_id: str, k0: int, n: int) -> list[Any]:
+    from shared.content import AIMessage, TextBlock, ToolUseBlock, Usage, tool_result
+    from shared.events import StepDone, make
+
+    out = []
+    for k in range(k0, k0 + n):
+        ai = AIMessage(
+            blocks=[
+                TextBlock(text=f"Computing step {k}."),
+                ToolUseBlock(id=f"call_{k}", name="calculator", input=msgspec.Raw(ARGS.encode())),
+            ],
+            usage=Usage(input_tokens=20, output_tokens=10),
+        )
+        out.append(
+            make(
+                StepDone,
+                loop_id=loop_id,
+                turn_id=turn_id,
+                step_id=str(uuid.uuid4()),
+                messages=[ai, tool_result(f"call_{k}", TOOL_RESULT)],
+            )
+        )
+    return out
+
+
+async def _build_loop(client: Any, steps: int) -> tuple[str, str, int]:
+    """A loop of ``steps`` StepDone records (as the model-step writes them), through the committer."""
+    from shared.content import user_text
+    from shared.events import Cause, InputSubmitted, LoopStarted, TurnStarted, make
+
+    lid, tid, cmd = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    head = [
+        make(LoopStarted, loop_id=lid, model="scripted", limits=BIG_LIMITS, cause=Cause(command_id=str(uuid.uuid4()))),
+        make(InputSubmitted, loop_id=lid, message=user_text(USER_TEXT), cause=Cause(command_id=cmd)),
+    ]
+    last = (await client.commit(lid, 0, head)).last_seq
+    ts = make(
+        TurnStarted, loop_id=lid, turn_id=tid, turn_index=1, message=user_text(USER_TEXT), cause=Cause(command_id=cmd)
+    )
+    last = (await client.commit(lid, last, [ts])).last_seq
+    k = 0
+    while k < steps:
+        n = min(500, steps - k)
+        last = (await client.commit(lid, last, _step_events(lid, tid, k, n))).last_seq
+        k += n
+    return lid, tid, last
+
+
+async def _replay(d: Deployment, lengths: list[int], quick: bool) -> dict[str, Any]:
+    from shared.client import CommitClient
+    from shared.history import load, replay
+
+    nc = await d.connect()
+    names = d.settings.names
+    client = CommitClient(nc, names, 60)
+    results: dict[int, dict[str, Any]] = {}
+    built: dict[int, tuple[str, str, int]] = {}
+    js = nc.jetstream(timeout=10)
+    for n in lengths:
+        before = (await js.stream_info(names.history_stream)).state
+        built[n] = await _build_loop(client, n)
+        after = (await js.stream_info(names.history_stream)).state
+        bytes_per_step = (after.bytes - before.bytes) / n
+        lid = built[n][0]
+        # warm (file cache, code paths) then measure
+        [_ async for _ in replay(nc, lid, names=names)]
+        t = time.perf_counter()
+        count = 0
+        async for _ in replay(nc, lid, names=names):
+            count += 1
+        rs = time.perf_counter() - t
+        t = time.perf_counter()
+        h = await load(nc, names, lid)
+        ls = time.perf_counter() - t
+        assert h.events == count and h.open_turn is not None and h.open_turn.steps == n
+        results[n] = {
+            "records": count,
+            "replay_s": rs,
+            "replay_eps": count / rs,
+            "load_s": ls,
+            "load_eps": count / ls,
+            "bytes_per_step": bytes_per_step,
+        }
+    # Commit latency at step 10 vs the longest loop: alternate single-event commits on both.
+    short = await _build_loop(client, 10)
+    long_ = built[lengths[-1]]
+    lat: dict[str, list[float]] = {"short": [], "long": []}
+    lasts = {"short": short[2], "long": long_[2]}
+    loops = {"short": short, "long": long_}
+    rounds = 150 if quick else 400
+    for i in range(rounds + 20):
+        for key in ("short", "long") if i % 2 == 0 else ("long", "short"):
+            lid, tid, _ = loops[key]
+            e = _step_events(lid, tid, 0, 1)
+            t = time.perf_counter()
+            lasts[key] = (await client.commit(lid, lasts[key], e)).last_seq
+            if i >= 20:  # warm-up rounds
+                lat[key].append(time.perf_counter() - t)
+    await d.close()
+    return {"replay": results, "commit": lat}
+
+
+# --- commit (the committer helper's bench, kept runnable) --------------------------------------------
+
+
+def run_commit_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
+    from bench import commit_latency
+
+    args = ["--ops", "500" if quick else "2000", "--concurrent-ops", "30" if quick else "100"]
+    t0 = time.perf_counter()
+    commit_latency.main(args)
+    return {"rows": [], "tables": [], "seconds": time.perf_counter() - t0}
