@@ -1,0 +1,74 @@
+"""The codec's canonical fast path accepts and refuses exactly what the strict path does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import codec
+from shared import events as ev
+from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result
+from shared.errors import LoopwireError
+from shared.events import make, new_id
+from tests.unit.test_properties import enduring_events
+
+
+def _outcome(decode: Callable[[bytes], object], data: bytes) -> tuple[str, object]:
+    try:
+        return ("ok", decode(data))
+    except LoopwireError as e:
+        return (type(e).__name__, str(e))
+
+
+def _strict(data: bytes) -> object:
+    original = codec._decode_canonical
+    codec._decode_canonical = lambda _data: None  # type: ignore[assignment]
+    try:
+        return codec.decode_event(data)
+    finally:
+        codec._decode_canonical = original
+
+
+def _mutations(data: bytes, draw: st.DataObject) -> bytes:
+    kind = draw.draw(st.sampled_from(["flip", "cut", "insert", "dup_key", "case_key", "same"]))
+    if kind == "same" or not data:
+        return data
+    i = draw.draw(st.integers(0, len(data) - 1))
+    if kind == "flip":
+        return data[:i] + bytes([data[i] ^ draw.draw(st.integers(1, 255))]) + data[i + 1 :]
+    if kind == "cut":
+        return data[:i]
+    if kind == "insert":
+        return data[:i] + draw.draw(st.binary(min_size=1, max_size=4)) + data[i:]
+    if kind == "dup_key":
+        return data.replace(b'"loop_id":', b'"loop_id":"x","loop_id":', 1)
+    return data.replace(b'"loop_id":', b'"LOOP_ID":"x","loop_id":', 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fast_and_strict_paths_agree(data: st.DataObject) -> None:
+    event = data.draw(enduring_events())
+    record = _mutations(codec.encode_event(event), data)
+    fast = _outcome(codec.decode_event, record)
+    strict = _outcome(_strict, record)
+    assert fast == strict
+
+
+def test_fast_path_is_taken_for_a_canonical_step() -> None:
+    loop, turn, step = new_id(), new_id(), new_id()
+    call = ToolUseBlock(id="t1", name="calculator", input=msgspec.Raw(b'{"expression":"1+1"}'))
+    event = make(
+        ev.StepDone,
+        loop_id=loop,
+        turn_id=turn,
+        step_id=step,
+        messages=[AIMessage(blocks=[TextBlock(text="hi"), call]), tool_result("t1", "2")],
+    )
+    record = codec.encode_event(event)
+    assert codec._decode_canonical(record) == event  # taken
+    assert codec._decode_canonical(record.replace(b'"hi"', rb'"\u0068i"')) is None  # not canonical: strict path
+    assert codec.decode_event(record) == event
