@@ -1,0 +1,151 @@
+"""Slow consumers and back-pressure (issue 8).
+
+* Consumers that follow every live event and every history record but read slowly (blocking the
+  whole process, so the server sees a slow TCP client) do not slow down or break the services:
+  the same load takes comparable time with and without them.
+* A model-step replica never holds more work items than it has free slots: with
+  LW_MODEL_STEP_CONCURRENCY=2 and 2 replicas, the work consumer's num_ack_pending stays ≤ 4 while
+  many more loops wait in the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from shared.bus import connect
+from shared.natsserver import NatsServer
+from shared.procs import ServiceProcess
+from shared.settings import Settings
+from tests import natsfixtures
+from tests.system import reports
+from tests.system.faultkit import Fleet, Load, fleet, script, verify_loop, write_model
+
+pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(600)]
+
+LOOPS = 20
+
+
+def varz(server: NatsServer) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/varz", timeout=2) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return doc
+
+
+def connz(server: NatsServer) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/connz?limit=1024", timeout=2) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return list(doc.get("connections") or [])
+
+
+async def timed_load(f: Fleet, settings: Settings, model: str) -> float:
+    nc = await connect(settings)
+    try:
+        load = Load(nc, settings, model, LOOPS)
+        t0 = time.monotonic()
+        await load.run(timeout=180)
+        wall = time.monotonic() - t0
+        assert load.completed == LOOPS
+        for st in load.loops.values():
+            c = await verify_loop(nc, settings, st)
+            assert not c.violations, c.violations
+    finally:
+        await nc.close()
+    return wall
+
+
+async def test_slow_consumers_of_every_event_do_not_slow_the_services(nats_server: NatsServer, tmp_path: Path) -> None:
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    model = write_model(tmp_path, script(), "script.json")
+    counts = {"committer": 1, "model-step": 2, "tools-calc": 1, "tools-sleep": 1}
+    with fleet(settings, counts=counts, log_dir=tmp_path / "logs") as f:
+        without = await timed_load(f, settings, model)
+        slow = [
+            f.sysm.sup.start(
+                ServiceProcess(
+                    "slow-consumer",
+                    ["-m", "tests.system.slow_consumer"],
+                    {**f.sysm.env, "LW_SLOW_SECONDS": "0.05", "LW_SLOW_STATUS": str(tmp_path / f"slow{i}.status")},
+                    log_path=str(tmp_path / f"slow{i}.log"),
+                ),
+                timeout=60,
+            )
+            for i in range(2)
+        ]
+        with_slow = await timed_load(f, settings, model)
+        handled = [int((tmp_path / f"slow{i}.status").read_text() or 0) for i in range(len(slow))]
+        nc = await connect(settings)
+        try:
+            records = (await nc.jetstream().stream_info(settings.names.history_stream)).state.messages
+        finally:
+            await nc.close()
+        backlog = [c.get("pending_bytes", 0) for c in connz(nats_server) if c.get("name") == "slow-consumer"]
+        alive = [p.running for p in slow]
+        for p in slow:
+            p.stop(timeout=5)
+        cut_off = varz(nats_server).get("slow_consumers", 0)
+    figures = {
+        "without_s": round(without, 1),
+        "with_slow_consumers_s": round(with_slow, 1),
+        "history_records": records,
+        "messages_each_slow_consumer_had_read": handled,
+        "server_pending_bytes_for_them": backlog,
+        "server_slow_consumer_disconnects": cut_off,
+    }
+    reports.add_figure("slow consumers (20 loops × 10 steps)", figures)
+    print(figures)
+    assert all(alive), "the slow consumers were expected to keep running (they are slow, not broken)"
+    # they were far behind (each history record alone reaches them twice) when the load had finished
+    assert all(h < records for h in handled), figures
+    # generous: the machine is shared; a service waiting for the slow readers would take far longer
+    assert with_slow <= 2.0 * without + 10.0, figures
+
+
+async def test_model_step_never_pulls_more_work_than_it_has_slots(nats_server: NatsServer, tmp_path: Path) -> None:
+    slots, replicas, loops = 2, 2, 16
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    step = [
+        {"sleep": 0.3},
+        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": "calculator"},
+        {"kind": "tool_use", "index": 0, "text": '{"expression": "1+1"}'},
+        {"kind": "finish", "finish_reason": "tool_use"},
+    ]
+    model = write_model(tmp_path, [step, step, [{"sleep": 0.3}, {"kind": "text", "text": "done"}]], "slow.json")
+    counts = {"committer": 1, "model-step": replicas, "tools-calc": 1}
+    env = {"LW_MODEL_STEP_CONCURRENCY": str(slots)}
+    samples: list[tuple[int, int]] = []
+    with fleet(settings, counts=counts, env=env, log_dir=tmp_path / "logs"):
+        nc = await connect(settings)
+        try:
+            js = nc.jetstream(timeout=5)
+            load = Load(nc, settings, model, loops, policy={})
+
+            async def sample(_: Load) -> None:
+                n = settings.names
+                while load.completed < loops:
+                    info = await js.consumer_info(n.work_stream, n.work_consumer)
+                    samples.append((int(info.num_ack_pending or 0), int(info.num_pending or 0)))
+                    await anyio.sleep(0.05)
+
+            await load.run(sample, timeout=180)
+        finally:
+            await nc.close()
+    assert load.completed == loops
+    held = max(a for a, _ in samples)
+    queued = max(p for _, p in samples)
+    figures = {
+        "slots_x_replicas": slots * replicas,
+        "max_num_ack_pending": held,
+        "max_queued": queued,
+        "samples": len(samples),
+    }
+    reports.add_figure("model-step pull bound", figures)
+    print(figures)
+    assert held <= slots * replicas, figures
+    assert queued >= loops - slots * replicas - 2, f"the queue was never long: {figures}"
