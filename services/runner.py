@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import sys
@@ -28,9 +29,7 @@ def event_loop_options(settings: Settings) -> dict[str, bool]:
     """asyncio backend options: uvloop when LW_UVLOOP is set and the package is installed."""
     if not settings.uvloop:
         return {}
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("uvloop") is None:  # an optional extra (loopwire[bench])
         logging.getLogger("loopwire").warning("LW_UVLOOP is set but uvloop is not installed; using asyncio's loop")
         return {}
     return {"use_uvloop": True}
