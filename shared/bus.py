@@ -249,13 +249,27 @@ async def _stream_info(js: JetStreamContext, name: str) -> api.StreamInfo | None
         return None
 
 
+async def _with_leader(js: JetStreamContext, info: api.StreamInfo, wait_seconds: float = 10.0) -> api.StreamInfo:
+    """Wait until a replicated stream has elected its leader: until then a publish finds no responders."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    while (info.config.num_replicas or 1) > 1 and not (info.cluster and info.cluster.leader):
+        if loop.time() > deadline:
+            break  # publishers retry "no stream leader" themselves; this wait is only a courtesy
+        await asyncio.sleep(0.05)
+        fresh = await _stream_info(js, info.config.name or "")
+        if fresh is not None:
+            info = fresh
+    return info
+
+
 async def ensure_stream(js: JetStreamContext, config: api.StreamConfig, keys: Sequence[str]) -> api.StreamInfo:
-    """Create ``config`` or verify that the existing stream matches it on ``keys``."""
+    """Create ``config`` (and wait for its leader) or verify that the existing stream matches it on ``keys``."""
     assert config.name is not None
     info = await _stream_info(js, config.name)
     if info is None:
         try:
-            return await js.add_stream(config)
+            return await _with_leader(js, await js.add_stream(config))
         except nats.js.errors.BadRequestError as e:
             # Lost a creation race (another service created it first): verify what it created.
             if e.err_code != ERR_STREAM_NAME_IN_USE:
@@ -373,8 +387,20 @@ async def _request(
     nc: NATS, subject: str, payload: bytes, headers: Mapping[str, str] | None, request_timeout: float
 ) -> Msg:
     timeout = request_timeout
+    loop = asyncio.get_running_loop()
+    # "No responders" means nothing received the message (so nothing was stored): right after a stream
+    # or its leader appears, interest may not have reached our server yet. Resend for a moment.
+    give_up = loop.time() + min(timeout, 1.0)
+    delay = 0.02
     try:
-        return await nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None)
+        while True:
+            try:
+                return await nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None)
+            except nats.errors.NoRespondersError:
+                if loop.time() + delay > give_up:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.2)
     except nats.errors.NoRespondersError:
         raise JetStreamUnavailableError(f"no responders on {subject} (no stream leader?)") from None
     except nats.errors.TimeoutError:

@@ -115,10 +115,11 @@ class ToolClient:
             with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait(msg)
 
-    async def cancel(self, execution_id: str) -> None:
-        """Ask whichever worker runs ``execution_id`` to stop it."""
+    async def cancel(self, execution_id: str, attempt: str = "") -> None:
+        """Ask whichever worker runs ``execution_id`` to stop it; ``attempt`` (the call's reply
+        subject) limits the cancel to that attempt, never a later re-run with the same id."""
         if execution_id:
-            await self.nc.publish(self.names.toolctl(execution_id), b"")
+            await self.nc.publish(self.names.toolctl(execution_id), attempt.encode())
 
     async def call(
         self,
@@ -149,14 +150,14 @@ class ToolClient:
             while True:
                 wait = min(interval * self.loss_factor, hard_end - time.monotonic())
                 if wait <= 0:
-                    await self.cancel(ids.execution_id)
+                    await self.cancel(ids.execution_id, reply)
                     return CallOutcome(TIMEOUT, message="no reply before the deadline", worker_id=worker)
                 msg: Msg | None = None
                 with anyio.move_on_after(wait):
                     msg = await recv.receive()
                 if msg is None:
                     # Giving up: tell a worker that may come back (SIGSTOP, partition) to drop the call.
-                    await self.cancel(ids.execution_id)
+                    await self.cancel(ids.execution_id, reply)
                     if time.monotonic() >= hard_end:
                         return CallOutcome(TIMEOUT, message="no reply before the deadline", worker_id=worker)
                     return CallOutcome(CRASHED, message="worker stopped responding", worker_id=worker)
@@ -184,7 +185,7 @@ class ToolClient:
                 return CallOutcome(CRASHED, message=f"unexpected reply kind {kind!r}", worker_id=worker)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await self.cancel(ids.execution_id)
+                await self.cancel(ids.execution_id, reply)
             raise
         finally:
             self._pending.pop(token, None)

@@ -107,7 +107,8 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self._running: dict[str, _Call] = {}  # execution id -> call
         self._idem: OrderedDict[tuple[str, str], _Call] = OrderedDict()
-        self._cancelled_early: OrderedDict[str, float] = OrderedDict()
+        # (execution id, attempt) → when its cancel arrived before the request did.
+        self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._calls_tg: TaskGroup | None = None
         self._registered = False
         self._started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -212,13 +213,23 @@ class Worker:
 
     async def _on_ctl(self, msg: Msg) -> None:
         execution_id = msg.subject.rsplit(".", 1)[-1]
+        # The body names the attempt (the caller's reply subject): execution ids are derived from the
+        # step, so a step re-run after a crash or restart reuses them, and the old attempt's cancel
+        # (seen by every worker) must never stop the new attempt. An empty body cancels any attempt.
+        attempt = msg.data.decode(errors="replace")
         call = self._running.get(execution_id)
         if call is None:
             # The cancel may overtake the request: remember it briefly.
-            self._cancelled_early[execution_id] = time.monotonic()
+            self._cancelled_early[(execution_id, attempt)] = time.monotonic()
             while len(self._cancelled_early) > _CANCELLED_EARLY_MAX:
                 self._cancelled_early.popitem(last=False)
             return
+        if attempt:
+            if attempt not in call.replies:
+                return  # another attempt's cancel
+            if len(call.replies) > 1:
+                call.replies.remove(attempt)  # another attempt still waits for this (idempotent) call
+                return
         call.canceled = True
         if call.ctx is not None:
             call.ctx.cancel()
@@ -295,7 +306,10 @@ class Worker:
     ) -> tuple[str, bytes]:
         timeout = t.spec(self.settings).timeout_seconds
         deadline = deadline_ms / 1000 if deadline_ms is not None else time.time() + timeout
-        early = self._cancelled_early.pop(ids.execution_id, None) if ids.execution_id else None
+        attempt = call.replies[0] if call.replies else ""
+        early = self._cancelled_early.pop((ids.execution_id, attempt), None) if ids.execution_id else None
+        if early is None and ids.execution_id:
+            early = self._cancelled_early.pop((ids.execution_id, ""), None)
         # Only a cancel that just overtook this request counts: execution ids are derived from the step,
         # so a step re-run after a crash or restart reuses them, and the old run's cancel (seen by every
         # worker) must not refuse the new run's call.

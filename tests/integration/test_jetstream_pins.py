@@ -15,8 +15,11 @@ from dataclasses import dataclass
 
 import anyio
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from shared.bus import (
     ERR_BATCH_DUPLICATE_MSG_ID,
@@ -195,11 +198,22 @@ async def test_work_stream_keeps_one_pending_signal_per_loop(env: Env) -> None:
     subj = n.work(str(uuid.uuid4()))
     await js_publish(env.nc, subj, b"", {}, request_timeout=T)
     sub = await js.pull_subscribe(subj, durable="pin_" + uuid.uuid4().hex[:8], stream=n.work_stream)
-    (held,) = await sub.fetch(1, timeout=T)
+
+    async def fetch_one() -> Msg:
+        # An R3 consumer may still be electing its leader right after creation (503): try again.
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    (m,) = await sub.fetch(1, timeout=T)
+                    return m
+                except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                    await anyio.sleep(0.2)
+
+    held = await fetch_one()
     second = await js_publish(env.nc, subj, b"", {}, request_timeout=T)  # not refused
     info = await js.stream_info(n.work_stream, subjects_filter=subj)
     assert info.state.messages == 1 and info.state.last_seq == second.seq
     await held.ack()  # acking the replaced item leaves the new one pending
-    (again,) = await sub.fetch(1, timeout=T)
+    again = await fetch_one()
     assert again.metadata.sequence.stream == second.seq
     await again.ack()

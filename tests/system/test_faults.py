@@ -135,16 +135,18 @@ async def _until(pred: Callable[[], bool], timeout: float) -> bool:
 
 async def kill_tool_mid_call(ctx: Ctx) -> None:
     live = ctx.load.live
+    fresh: set[int] = set()  # replacements started by this fault: they hold no old call
     for frac in (0.2, 0.55):
         await ctx.load.wait_progress(frac)
-        for _ in range(4):  # until a kill visibly interrupted a call (which replica runs which call is unknown)
+        for attempt in range(4):  # until a kill visibly interrupted a call (which replica runs which call is unknown)
             before = live.fault_errors
-            if not await ctx.load.wait_tool_in_flight("sleep", at_least=4):
+            if not await ctx.load.wait_tool_in_flight("sleep", at_least=4 if attempt == 0 else 1):
                 break
-            victim = ctx.fleet.pick("tools-sleep")
+            old = [p for p in ctx.fleet.live("tools-sleep") if p.pid not in fresh]
+            victim = ctx.fleet.rng.choice(old) if old else ctx.fleet.pick("tools-sleep")
             victim.kill()
             ctx.note(f"SIGKILL tools-sleep {victim.pid} with {live.in_flight('sleep')} sleep calls in flight")
-            await ctx.fleet.replace(victim)
+            fresh.add((await ctx.fleet.replace(victim)).pid)
             # callers notice the silence after 3 missed heartbeats (3 s)
             if await _until(lambda before=before: live.fault_errors > before, 8.0):
                 ctx.note(f"{live.fault_errors - before} calls reported crashed")
