@@ -316,7 +316,12 @@ def asyncapi_document() -> dict[str, Any]:
     plain("ToolProgress", DESCRIPTIONS["ProgressBody"], {"$ref": "#/components/schemas/ProgressBody"}, reply_headers)
     plain("ToolResult", DESCRIPTIONS["ResultBody"], {"$ref": "#/components/schemas/ResultBody"}, reply_headers)
     plain("ToolError", DESCRIPTIONS["ToolErrorBody"], {"$ref": "#/components/schemas/ToolErrorBody"}, reply_headers)
-    plain("ToolCancel", "Any message cancels the call with that execution id, wherever it runs.", {})
+    plain(
+        "ToolCancel",
+        "Cancels the call with that execution id, wherever it runs. The body is the attempt to cancel "
+        "(the caller's reply subject); an empty body cancels any attempt.",
+        {},
+    )
     plain("ToolRegistration", DESCRIPTIONS["Registration"], {"$ref": "#/components/schemas/Registration"})
     plain("LoopLease", "KV value: the holder (host:pid) of a loop's lease; created with a TTL.", {"type": "string"})
 
