@@ -383,24 +383,41 @@ def _parse_ack(data: bytes) -> PubAck:
     return PubAck(stream=ack.stream, seq=ack.seq, duplicate=ack.duplicate, batch_size=ack.count)
 
 
+async def request_with_grace(
+    nc: NATS,
+    subject: str,
+    payload: bytes,
+    *,
+    timeout: float,
+    grace: float,
+    headers: Mapping[str, str] | None = None,
+) -> Msg:
+    """``nc.request`` that resends for up to ``grace`` seconds while NATS answers "no responders".
+
+    No responder received the message, so resending is always safe; a service that just started (or
+    a stream that just elected its leader) may not have its interest known to our server yet.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + min(timeout, grace)
+    delay = 0.02
+    while True:
+        try:
+            return await nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None)
+        except nats.errors.NoRespondersError:
+            if loop.time() + delay > give_up:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+
 async def _request(
     nc: NATS, subject: str, payload: bytes, headers: Mapping[str, str] | None, request_timeout: float
 ) -> Msg:
     timeout = request_timeout
-    loop = asyncio.get_running_loop()
-    # "No responders" means nothing received the message (so nothing was stored): right after a stream
-    # or its leader appears, interest may not have reached our server yet. Resend for a moment.
-    give_up = loop.time() + min(timeout, 1.0)
-    delay = 0.02
     try:
-        while True:
-            try:
-                return await nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None)
-            except nats.errors.NoRespondersError:
-                if loop.time() + delay > give_up:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.2)
+        # "No responders" means nothing received the message (so nothing was stored): right after a
+        # stream or its leader appears, interest may not have reached our server yet.
+        return await request_with_grace(nc, subject, payload, timeout=timeout, headers=headers, grace=1.0)
     except nats.errors.NoRespondersError:
         raise JetStreamUnavailableError(f"no responders on {subject} (no stream leader?)") from None
     except nats.errors.TimeoutError:

@@ -9,7 +9,6 @@ de-duplicated by event id and loop-API commands by command id.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from shared.bus import request_with_grace
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
 from shared.content import UserMessage
 from shared.errors import ErrorKind
@@ -76,19 +76,8 @@ NO_RESPONDERS_GRACE: Final = 2.0
 
 
 async def _request(nc: NATS, subject: str, payload: bytes, wait: float) -> bytes:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + min(wait, NO_RESPONDERS_GRACE)
-    delay = 0.02
     try:
-        while True:
-            try:
-                msg = await nc.request(subject, payload, timeout=wait)
-                break
-            except nats.errors.NoRespondersError:
-                if loop.time() + delay > give_up:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
+        msg = await request_with_grace(nc, subject, payload, timeout=wait, grace=NO_RESPONDERS_GRACE)
     except nats.errors.NoRespondersError:
         raise _unavailable(f"no committer is serving {subject}") from None
     except nats.errors.TimeoutError:
