@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 from nats.aio.client import Client as NATS
@@ -26,6 +26,17 @@ from shared.settings import Settings
 from shared.validate import validate_event
 
 T = TypeVar("T")
+
+# The committed history of a loop whose one turn is a tool step followed by the final answer.
+TOOL_TURN_HISTORY: Final = [
+    "LoopStarted",
+    "InputSubmitted",
+    "TurnStarted",
+    "StepDone",
+    "StepDone",
+    "TurnDone",
+    "LoopIdle",
+]
 
 
 @dataclass

@@ -26,6 +26,7 @@ import pytest
 
 from services.cli import main
 from shared.natsserver import free_port
+from tests.syshelpers import TOOL_TURN_HISTORY
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -172,7 +173,7 @@ def test_start_send_wait_history(up: Up, capsys: pytest.CaptureFixture[str]) -> 
 
     recs = up.records(capsys, loop)
     kinds = types(recs)
-    assert kinds == ["LoopStarted", "InputSubmitted", "TurnStarted", "StepDone", "StepDone", "TurnDone", "LoopIdle"]
+    assert kinds == TOOL_TURN_HISTORY
     seqs = [r["seq"] for r in recs]
     assert seqs == sorted(seqs)
 

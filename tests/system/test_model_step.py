@@ -19,7 +19,15 @@ from shared.events import Event
 from shared.protocol import ClosedError, NotFoundError
 from shared.settings import Settings
 from shared.shaping import INVALID_JSON_ARGUMENTS, TRUNCATED_NOTICE
-from tests.syshelpers import check_history_invariants, history, system, types, wait_history, write_script
+from tests.syshelpers import (
+    TOOL_TURN_HISTORY,
+    check_history_invariants,
+    history,
+    system,
+    types,
+    wait_history,
+    write_script,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system]
 
@@ -52,15 +60,7 @@ async def test_demo_loop_commits_the_expected_history_and_live_events(settings: 
         await wait_history(nc, settings, loop_id, lambda h: h.idle)
         events = await history(nc, settings, loop_id)
         check_history_invariants(events)
-        assert types(events) == [
-            "LoopStarted",
-            "InputSubmitted",
-            "TurnStarted",
-            "StepDone",
-            "StepDone",
-            "TurnDone",
-            "LoopIdle",
-        ]
+        assert types(events) == TOOL_TURN_HISTORY
         first, second = (e for _, e in events if isinstance(e, ev.StepDone))
         ai = first.messages[0]
         assert isinstance(ai, AIMessage)
@@ -104,15 +104,7 @@ async def test_malformed_tool_json_is_stored_as_empty_object_and_the_turn_recove
         await wait_history(nc, settings, loop_id, lambda h: h.idle)
         events = await history(nc, settings, loop_id)
         check_history_invariants(events)
-        assert types(events) == [
-            "LoopStarted",
-            "InputSubmitted",
-            "TurnStarted",
-            "StepDone",
-            "StepDone",
-            "TurnDone",
-            "LoopIdle",
-        ]
+        assert types(events) == TOOL_TURN_HISTORY
         step = next(e for _, e in events if isinstance(e, ev.StepDone))
         ai, result = step.messages
         assert isinstance(ai, AIMessage) and isinstance(result, ToolResultMessage)

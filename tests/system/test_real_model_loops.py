@@ -13,7 +13,7 @@ from shared.client import LoopClient
 from shared.content import AIMessage, ToolResultMessage, text_of, tool_uses
 from shared.settings import Settings
 from tests.fakeproviders import FakeProvider, Reply, anthropic_stream, by_position, fragments, openai_stream
-from tests.syshelpers import check_history_invariants, history, system, types, wait_history
+from tests.syshelpers import TOOL_TURN_HISTORY, check_history_invariants, history, system, types, wait_history
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system]
 
@@ -54,15 +54,7 @@ async def test_a_loop_on_a_real_adapter_calls_a_tool_and_answers(api: str, setti
             h = await wait_history(nc, settings, loop_id, lambda h: h.idle)
             events = await history(nc, settings, loop_id)
             check_history_invariants(events)
-            assert types(events) == [
-                "LoopStarted",
-                "InputSubmitted",
-                "TurnStarted",
-                "StepDone",
-                "StepDone",
-                "TurnDone",
-                "LoopIdle",
-            ]
+            assert types(events) == TOOL_TURN_HISTORY
             first, second = (e for _, e in events if isinstance(e, ev.StepDone))
             ai, result = first.messages
             assert isinstance(ai, AIMessage) and isinstance(result, ToolResultMessage)
