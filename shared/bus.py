@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import ssl
 import uuid
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,8 @@ from shared.subjects import (
     kv_stream,
 )
 
+log = logging.getLogger("loopwire.bus")
+
 # An entry of the tools registry that nobody refreshes for this long disappears.
 TOOLS_TTL_SECONDS: Final = 10.0
 # Server limit on messages per atomic batch (nats-server default ``max_msgs``).
@@ -68,6 +71,8 @@ ERR_BATCH_TOO_MANY_INFLIGHT: Final = 10210
 ERR_JS_UNAVAILABLE: Final = 10008
 ERR_MAX_MSGS_PER_SUBJECT: Final = 10077  # a discard-new-per-subject stream refused a second message
 ERR_MSG_TOO_LARGE: Final = 10054
+ERR_NO_SUITABLE_PEERS: Final = 10005  # "no suitable peers for placement": a cluster still forming
+ERR_INSUFFICIENT_RESOURCES: Final = 10023
 ERR_NO_MESSAGE: Final = 10037
 ERR_STREAM_NOT_FOUND: Final = 10059
 ERR_STREAM_NAME_IN_USE: Final = 10058
@@ -316,11 +321,38 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1, ttl
     return await js.key_value(bucket)
 
 
+# Stream creation errors that mean "not yet": the cluster is still forming (too few peers have
+# joined to place the replicas) or JetStream is electing its leaders.
+PLACEMENT_RETRY_ERR_CODES: Final = frozenset({ERR_NO_SUITABLE_PEERS, ERR_INSUFFICIENT_RESOURCES, ERR_JS_UNAVAILABLE})
+
+
+def is_transient_setup_error(e: BaseException) -> bool:
+    """True for an error that creating a stream or bucket may stop getting within seconds."""
+    if isinstance(e, nats.js.errors.ServiceUnavailableError | nats.errors.TimeoutError | nats.errors.NoRespondersError):
+        return True
+    if isinstance(e, TimeoutError):
+        return True
+    return isinstance(e, nats.js.errors.APIError) and e.err_code in PLACEMENT_RETRY_ERR_CODES
+
+
+def describe_api_error(e: BaseException) -> str:
+    """nats-py's API errors print as ``BadRequestError()``: name the server's code and text."""
+    if isinstance(e, nats.js.errors.APIError) and e.err_code:
+        return f"JetStream error {e.err_code}: {e.description}"
+    return repr(e)
+
+
 async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: float = 30.0) -> None:
-    """Create or verify every stream and bucket; waits out a cluster still electing its leaders."""
+    """Create or verify every stream and bucket.
+
+    A cluster that is still forming refuses replicated streams (10005, no suitable peers) and a
+    busy one answers with timeouts while it elects leaders: both are retried for ``wait_seconds``,
+    then :class:`JetStreamUnavailableError` says what was refused.
+    """
     n = settings.names
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
+    delay = 0.1
     while True:
         try:
             await ensure_history_stream(js, settings)
@@ -328,10 +360,18 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
             await ensure_kv(js, n.tools_bucket, replicas=settings.replicas, ttl=TOOLS_TTL_SECONDS)
             await ensure_kv(js, n.leases_bucket, replicas=settings.replicas, ttl=settings.lease_ttl_seconds)
             return
-        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            if loop.time() > deadline:
+        except Exception as e:
+            if not is_transient_setup_error(e):
                 raise
-            await asyncio.sleep(0.5)
+            why = describe_api_error(e)
+            if loop.time() + delay > deadline:
+                raise JetStreamUnavailableError(
+                    f"could not create the streams and buckets ({settings.replicas} replicas) within "
+                    f"{wait_seconds:g}s: {why}; a JetStream cluster needs as many JetStream nodes as the replicas"
+                ) from e
+            log.warning("streams not ready yet (%s); retrying", why)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 # --- raw publish ------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class NatsServer:
     cluster_name: str = "lw"
     extra_config: str = ""
     log_file: str = ""
+    jetstream: bool = True  # False: a plain routing node (no streams are placed on it)
     proc: subprocess.Popen[bytes] | None = None
     _own_store: bool = False
 
@@ -85,8 +86,9 @@ class NatsServer:
             f"listen: 127.0.0.1:{self.port}",
             f"http: 127.0.0.1:{self.http_port}",
             "max_payload: 1MB",
-            f'jetstream {{ store_dir: "{self.store_dir}", max_memory_store: 256MB, max_file_store: 4GB }}',
         ]
+        if self.jetstream:
+            lines.append(f'jetstream {{ store_dir: "{self.store_dir}", max_memory_store: 256MB, max_file_store: 4GB }}')
         if self.cluster_port:
             routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
             lines.append(
@@ -113,7 +115,7 @@ class NatsServer:
             preexec_fn=die_with_parent,  # never outlive the process that started it (call from the main thread)
         )
         if wait:
-            self.wait_ready(timeout=timeout, jetstream=not self.cluster_port)
+            self.wait_ready(timeout=timeout, jetstream=self.jetstream and not self.cluster_port)
         return self
 
     def wait_ready(self, *, timeout: float = 20.0, jetstream: bool = True) -> None:

@@ -27,7 +27,7 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_MODEL": "default model of new loops: demo, scripted:PATH, openai:NAME, anthropic:NAME",
     "LW_DEMO_CHUNK_DELAY": "seconds the demo model pauses between streamed chunks (default 0; loopwire demo sets it)",
     "LW_MODEL_STEP_CONCURRENCY": "loops one model-step replica drives at once (default 16)",
-    "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 30)",
+    "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 2; a stopped replica's loops move after it)",
     "LW_TOOL_ROOT": "root directory of read_file / list_dir (default the current directory)",
     "LW_HTTP_ALLOW": "comma-separated hosts http_get may reach (default loopback only)",
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
@@ -85,7 +85,7 @@ class Settings:
     model: str = "demo"
     demo_chunk_delay: float = 0.0
     model_step_concurrency: int = 16
-    lease_ttl_seconds: float = 30.0
+    lease_ttl_seconds: float = 2.0
     tool_root: str = "."
     http_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
     tool_timeout_seconds: float = 60.0
@@ -128,7 +128,7 @@ class Settings:
             model=_get(e, "LW_MODEL", d.model),
             demo_chunk_delay=max(0.0, _float(e, "LW_DEMO_CHUNK_DELAY", d.demo_chunk_delay)),
             model_step_concurrency=_int(e, "LW_MODEL_STEP_CONCURRENCY", d.model_step_concurrency),
-            lease_ttl_seconds=_float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds),
+            lease_ttl_seconds=max(0.5, _float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds)),
             tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
             http_allow=tuple(
                 h.strip() for h in _get(e, "LW_HTTP_ALLOW", ",".join(d.http_allow)).split(",") if h.strip()

@@ -23,6 +23,8 @@ H_TOOL_USE_ID: Final = "Lw-Tool-Use-Id"
 H_EXECUTION_ID: Final = "Lw-Execution-Id"
 H_IDEMPOTENCY_KEY: Final = "Lw-Idempotency-Key"
 H_DEADLINE: Final = "Lw-Deadline"
+# Unix ms after which a worker must not start the call: the caller's lease ends then.
+H_START_BY: Final = "Lw-Start-By"
 H_TRACEPARENT: Final = "traceparent"
 # Tool replies: "progress" (heartbeat) or "result"; a worker error carries "error".
 H_REPLY_KIND: Final = "Lw-Reply"
@@ -134,6 +136,10 @@ class Names:
     @property
     def work_consumer(self) -> str:
         return f"{self.prefix}_model_step"
+
+    def lease_holder(self, token: str) -> str:
+        """A model-step replica's liveness subject: no responders there means its leases may be taken."""
+        return f"{self.prefix}.msalive.{token}"
 
     # --- tools
     def tool(self, name: str) -> str:

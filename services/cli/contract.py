@@ -269,6 +269,7 @@ def asyncapi_document() -> dict[str, Any]:
             subjects.H_EXECUTION_ID: ("string", "tool_execution_id (cancel it on {prefix}.toolctl.<id>)"),
             subjects.H_IDEMPOTENCY_KEY: ("string", "<loop_id>:<step_id>:<tool_use_id>"),
             subjects.H_DEADLINE: ("string", "deadline, unix milliseconds"),
+            subjects.H_START_BY: ("string", "unix milliseconds after which the call must not start (caller's lease)"),
             subjects.H_TRACEPARENT: ("string", "W3C trace context"),
         },
         [subjects.H_LOOP_ID, subjects.H_EXECUTION_ID, subjects.H_DEADLINE],
@@ -323,7 +324,12 @@ def asyncapi_document() -> dict[str, Any]:
         {},
     )
     plain("ToolRegistration", DESCRIPTIONS["Registration"], {"$ref": "#/components/schemas/Registration"})
-    plain("LoopLease", "KV value: the holder (host:pid) of a loop's lease; created with a TTL.", {"type": "string"})
+    plain(
+        "LoopLease",
+        "KV value: the holder of a loop's lease, '<liveness token> <host>:<pid>'; created with the bucket's TTL.",
+        {"type": "string"},
+    )
+    plain("LeaseHolderPing", "Empty request: is this lease holder's connection alive? (empty reply)", {})
 
     loop_p = _param("loop id (canonical lowercase UUID)")
     prefix_p = _param("deployment prefix (LW_PREFIX)", "lw")
@@ -408,9 +414,18 @@ def asyncapi_document() -> dict[str, Any]:
             "address": f"$KV.{n.leases_bucket}.{{loop_id}}",
             "title": "loop leases",
             "description": f"JetStream KV bucket {d.leases_bucket} (<prefix>_leases): which model-step replica "
-            "drives a loop (an optimisation; the commit's expected sequence is the fence).",
+            "drives a loop. It guards side effects (a drive acts only while it holds it); the commit's "
+            "expected sequence is the fence.",
             "parameters": {"prefix": prefix_p, "loop_id": loop_p},
             "messages": {"LoopLease": _msg_ref("LoopLease")},
+        },
+        "leaseHolder": {
+            "address": n.lease_holder("{token}"),
+            "title": "lease-holder liveness",
+            "description": "Each model-step replica answers here; no responders means its process or "
+            "connection is gone, so its leases may be taken at once.",
+            "parameters": {"prefix": prefix_p, "token": _param("the holder's liveness token (lease value)")},
+            "messages": {"LeaseHolderPing": _msg_ref("LeaseHolderPing")},
         },
     }
     for verb in subjects.VERBS:
@@ -504,6 +519,12 @@ def asyncapi_document() -> dict[str, Any]:
             "channel": _chan("leases"),
             "summary": "A model-step replica takes and refreshes a loop's lease.",
             "messages": [_chan_msg("leases", "LoopLease")],
+        },
+        "pingLeaseHolder": {
+            "action": "receive",
+            "channel": _chan("leaseHolder"),
+            "summary": "A model-step replica answers liveness pings for the leases it holds.",
+            "messages": [_chan_msg("leaseHolder", "LeaseHolderPing")],
         },
     }
     for verb in subjects.VERBS:

@@ -1,7 +1,14 @@
 """Drive one loop: start turns, run steps (model → authorise → tools → commit), open gates, go idle.
 
-The caller holds the loop's lease; correctness rests on the commit's expected sequence alone. After
-every commit the driver re-reads the history (cached fold + tail) and asks what comes next.
+The caller holds the loop's lease and passes it in as the drive's guard: every side effect (model
+request, tool call, commit attempt) is preceded by ``guard.check()``, so a drive whose lease was
+lost or lapsed (e.g. its process was stopped past the TTL) stops instead of acting.
+
+Commits are fenced by the expected sequence: every commit of a step — first send and every
+unchanged retry — expects the loop's last sequence *at the moment the step's inputs were read*
+(the drive's basis), never a value read later. A conflict re-reads the history from the stream and
+decides again at the new position. One drive per loop runs in a process at a time, and a drive's
+fold is its own: no two drives share mutable state.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.model_step.lease import Guard
 from services.model_step.models.base import (
     ModelError,
     ModelRequest,
@@ -77,6 +85,10 @@ class LoopDriver:
     # (the loop API: input, interrupt, answer, close) showed up on the live history subject.
     _own: dict[str, set[str]] = field(default_factory=dict)
     _foreign: dict[str, bool] = field(default_factory=dict)
+    # Per loop being driven: its guard (the lease), and the last sequence of the fold the current
+    # step was built from (the expected sequence of its commit).
+    _guards: dict[str, Guard] = field(default_factory=dict)
+    _basis: dict[str, int] = field(default_factory=dict)
 
     @property
     def _max_record(self) -> int:
@@ -84,8 +96,21 @@ class LoopDriver:
 
     # --- entry ------------------------------------------------------------------------------------
 
-    async def drive(self, loop_id: str) -> LoopHistory:
-        """Do every piece of pending work of ``loop_id``; return the final folded history."""
+    async def drive(self, loop_id: str, guard: Guard) -> LoopHistory:
+        """Do every piece of pending work of ``loop_id`` while ``guard`` holds; return the final fold.
+
+        Raises :class:`~services.model_step.lease.LeaseLost` when the guard stops holding.
+        """
+        if loop_id in self._guards:
+            raise RuntimeError(f"loop {loop_id} is already being driven in this process")
+        self._guards[loop_id] = guard
+        try:
+            return await self._drive(loop_id)
+        finally:
+            del self._guards[loop_id]
+            self._basis.pop(loop_id, None)
+
+    async def _drive(self, loop_id: str) -> LoopHistory:
         names = self.settings.names
         interrupted: dict[str, anyio.CancelScope] = {}
         own = self._own[loop_id] = set()
@@ -114,6 +139,7 @@ class LoopDriver:
                     break
                 with anyio.CancelScope() as scope:
                     interrupted["step"] = scope
+                    self._basis[loop_id] = h.last_seq  # the step's inputs are read from this fold
                     try:
                         await self._advance(h, nxt.action, nxt.gate)
                     except StepAbandoned as e:
@@ -151,6 +177,7 @@ class LoopDriver:
         h = await self._load(loop_id)
         if h.open_turn is None:
             return False
+        self._basis[loop_id] = h.last_seq
         try:
             await self._fail_turn(h, "turn_panic", f"step could not be committed: {why}")
         except (StepAbandoned, CommitRefused) as e:
@@ -191,10 +218,15 @@ class LoopDriver:
         """Commit ``build(h)``; on a conflict re-read and rebuild while the step is still ours.
 
         ``build`` returns None when, after a re-read, the work no longer applies (abandon). The
-        expected sequence is the fence: a conflict never produces a duplicate or a fork. An
-        unanswered commit is retried unchanged (it may have been stored).
+        expected sequence is the fence: the drive's basis (the fold the step was built from), the
+        same for every unchanged retry of an unanswered commit (it may have been stored), and only
+        replaced by a conflict's fresh read. A conflict never produces a duplicate or a fork.
         """
         pos = _position(h)
+        expected = self._basis.get(h.loop_id, h.last_seq)
+        if h.last_seq != expected:
+            raise StepAbandoned(f"the fold moved under the step ({expected} → {h.last_seq})")
+        guard = self._guards.get(h.loop_id)
         delay = 0.05
         folded = False
         events: list[Event] | None = None
@@ -207,13 +239,16 @@ class LoopDriver:
                 own = self._own.get(h.loop_id)
                 if own is not None:
                     own.update(e.event_id for e in events)  # before sending: the live copy may overtake the reply
+                if guard is not None:
+                    guard.check()
                 try:
-                    result = await self.commits.commit(h.loop_id, h.last_seq, events, max_record_bytes=self._max_record)
+                    result = await self.commits.commit(h.loop_id, expected, events, max_record_bytes=self._max_record)
                 except ConflictError:
                     events = None  # not stored: rebuild on the re-read history
                     h = await self._load(h.loop_id)
                     if _position(h) != pos:
                         raise StepAbandoned("history moved: another writer or an interrupt") from None
+                    expected = self._basis[h.loop_id] = h.last_seq  # a new decision at the new position
                 except UnavailableError as e:
                     # Unanswered is not refused: the commit may be stored. Retry exactly the same events
                     # (same event ids), so the committer recognises a stored one as done instead of
@@ -226,6 +261,8 @@ class LoopDriver:
                     raise CommitRefused(str(e)) from e
                 else:
                     folded = self._fold_committed(h, events, result.seqs)
+                    if folded:
+                        self._basis[h.loop_id] = h.last_seq
                     return
             raise StepAbandoned("too many commit attempts")
         finally:
@@ -295,8 +332,13 @@ class LoopDriver:
         )
         acc = StreamAccumulator()
         live = self.settings.names.live(h.loop_id, "TokenDelta")
+        guard = self._guards.get(h.loop_id)
+        if guard is not None:
+            guard.check()
         try:
             async for chunk in model.stream(request):
+                if guard is not None and not guard.held:
+                    guard.check()
                 if chunk.kind in ("text", "refusal", "thinking", "signature", "tool_use"):
                     delta = ev.TokenDelta(
                         loop_id=h.loop_id,
@@ -455,6 +497,9 @@ class LoopDriver:
                 iteration=s.iteration,
                 calls_so_far=s.calls_so_far,
             )
+        guard = self._guards.get(h.loop_id)
+        if guard is not None:
+            guard.check()
         results = await self.execute(
             loop_id=h.loop_id,
             turn_id=t.turn_id,
@@ -462,6 +507,7 @@ class LoopDriver:
             planned=planned,
             limits=h.config.limits if h.config else ev.Limits(),
             spec_of=lambda name: self._spec(h, name),
+            fence=guard,
         )
         results = _fit_results(s.message, results, self._max_record)
         await self._commit_tool_step(h, t, step_id, s.message, planned, results)

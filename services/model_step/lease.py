@@ -1,57 +1,238 @@
-"""Loop leases in KV (``<prefix>_leases``): one driver per loop at a time, normally.
+"""Loop leases in KV (``<prefix>_leases``): one live drive per loop, and a drive that lost it stops.
 
-A lease is a key created with the bucket's TTL and refreshed while the holder works. It avoids
-wasted work; it is never the fence — the commit's expected sequence is.
+A lease is a key of the leases bucket (its TTL is ``LW_LEASE_TTL_SECONDS``) whose value names the
+holding replica. The holder refreshes it every TTL/4 while it drives the loop.
+
+The lease is not the fence for commits — the commit's expected sequence is — but it guards every
+other side effect. A drive acts (model request, tool call, commit) only while its lease is *held*:
+
+* not **lost**: a refresh found the key gone or rewritten by another replica; and
+* not **lapsed**: the last successful refresh (or the acquisition) was *sent* less than one TTL ago,
+  on the monotonic clock, which keeps running while a process is stopped (SIGSTOP, a frozen VM).
+  The server counts the key's TTL from when that write reached it, so the holder's own view of
+  "held" ends no later than the key can expire and be taken by another replica.
+
+Takeover is eager: each replica answers on its own liveness subject
+(``<prefix>.msalive.<token>``); a key whose holder has no subscriber there (its process or its
+NATS connection is gone, e.g. SIGKILL) is taken at once with a compare-and-set on the holder's
+revision, without waiting for the TTL. A stopped or slow holder still answers nothing in time, so
+its keys are taken only when they expire — by then it has stopped acting on them. A replica that
+loses its NATS connection gives up all its leases at once (another replica may take them now).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
 
+import anyio
+import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
+
+from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT
+from shared.errors import LoopwireError
+from shared.subjects import Names
 
 log = logging.getLogger("loopwire.model_step.lease")
 
+# How long a taker waits for a holder's liveness answer; silence is not proof of death.
+PING_SECONDS: Final = 0.5
+# The holder's own view of its lease ends this much before the key can expire on the server.
+SAFETY_SECONDS: Final = 0.05
 
-@dataclass
+
+class LeaseLost(LoopwireError):
+    """This replica no longer holds the loop's lease: stop driving it (another replica may)."""
+
+
+class Guard(Protocol):
+    """What a drive needs of its lease: may it still act, and until when."""
+
+    @property
+    def held(self) -> bool: ...
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless held."""
+
+    def start_by_ms(self) -> int:
+        """Unix ms after which no side effect of this drive may start."""
+
+
+@dataclass(eq=False)
 class Lease:
+    """One held lease. ``check()`` before every side effect; ``held`` is cheap enough for hot loops."""
+
     kv: KeyValue
     key: str
-    holder: str
+    value: bytes
     revision: int
+    ttl: float
+    valid_until: float  # monotonic
     lost: bool = False
+    _on_lost: list[Callable[[], None]] = field(default_factory=list)
 
-    @classmethod
-    async def acquire(cls, kv: KeyValue, key: str, holder: str) -> Lease | None:
-        """The lease, or None while somebody else holds it."""
-        try:
-            rev = await kv.create(key, holder.encode())
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return None
-        except nats.js.errors.APIError as e:
-            if getattr(e, "err_code", None) in (10071, 10164):
-                return None
-            raise
-        return cls(kv=kv, key=key, holder=holder, revision=rev)
+    @property
+    def held(self) -> bool:
+        return not self.lost and time.monotonic() < self.valid_until
+
+    def check(self) -> None:
+        if not self.held:
+            self.give_up("lapsed" if not self.lost else "lost")
+            raise LeaseLost(f"lease of loop {self.key} is no longer held")
+
+    def start_by_ms(self) -> int:
+        """The wall-clock time (unix ms) after which no side effect of this lease may start."""
+        return int((time.time() + (self.valid_until - time.monotonic())) * 1000)
+
+    def on_lost(self, fn: Callable[[], None]) -> None:
+        self._on_lost.append(fn)
+
+    def give_up(self, why: str) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        log.warning("lease of loop %s %s", self.key, why)
+        for fn in self._on_lost:
+            fn()
 
     async def refresh(self) -> bool:
-        if self.lost:
+        """Extend the lease; False once it is lost or lapsed (then nothing may act on it)."""
+        if not self.held:
+            self.give_up("lapsed" if not self.lost else "lost")
             return False
+        sent = time.monotonic()
         try:
-            self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
+            self.revision = await self.kv.update(self.key, self.value, last=self.revision)
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
-            log.warning("lease %s lost", self.key)
-            self.lost = True
-        except Exception as e:  # transient: keep working, the commit fence stays the guard
-            log.warning("lease %s refresh failed: %s", self.key, e)
-        return not self.lost
+            self.give_up("taken by another replica")
+            return False
+        except Exception as e:  # transient: the lease lapses by itself if this goes on
+            log.warning("lease of loop %s: refresh failed: %s", self.key, e)
+            return self.held
+        if not self.lost:
+            self.valid_until = sent + self.ttl - SAFETY_SECONDS
+        return self.held
 
     async def release(self) -> None:
         if self.lost:
             return
+        self.lost = True
         with contextlib.suppress(Exception):
             await self.kv.delete(self.key, last=self.revision)
-        self.lost = True
+
+
+class Leases:
+    """This replica's leases: acquisition (with eager takeover from a dead holder) and liveness."""
+
+    def __init__(self, nc: NATS, kv: KeyValue, names: Names, ttl: float) -> None:
+        self.nc = nc
+        self.kv = kv
+        self.names = names
+        self.ttl = ttl
+        self.token = uuid.uuid4().hex
+        # The value names the holder: its liveness token, then host:pid for people.
+        self.value = f"{self.token} {socket.gethostname()}:{os.getpid()}".encode()
+        self._held: set[Lease] = set()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self.names.lease_holder(self.token), cb=self._answer)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _answer(self, msg: Msg) -> None:
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(b"")
+
+    def give_up_all(self, why: str) -> None:
+        """E.g. on a lost connection: other replicas may take these loops over right now."""
+        for lease in list(self._held):
+            lease.give_up(why)
+
+    async def acquire(self, loop_id: str) -> Lease | None:
+        """The loop's lease, or None while another live replica (or another drive here) holds it."""
+        sent = time.monotonic()
+        revision = await self._create(loop_id)
+        if revision is None:
+            return None
+        lease = Lease(
+            kv=self.kv,
+            key=loop_id,
+            value=self.value,
+            revision=revision,
+            ttl=self.ttl,
+            valid_until=sent + self.ttl - SAFETY_SECONDS,
+        )
+        self._held.add(lease)
+        lease.on_lost(lambda: self._held.discard(lease))
+        return lease
+
+    def forget(self, lease: Lease) -> None:
+        self._held.discard(lease)
+
+    async def _create(self, loop_id: str) -> int | None:
+        try:
+            return int(await self.kv.create(loop_id, self.value))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        except nats.js.errors.APIError as e:
+            if e.err_code not in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT):
+                raise
+        return await self._take_over(loop_id)
+
+    async def _take_over(self, loop_id: str) -> int | None:
+        """Take the key from a holder whose connection is gone; None if it is alive (or unknown)."""
+        try:
+            entry = await self.kv.get(loop_id)
+        except nats.js.errors.KeyNotFoundError:
+            return None  # just expired or released: the next delivery creates it
+        holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
+        if holder == self.token or not holder or entry.revision is None:
+            return None  # another drive in this process holds it
+        try:
+            await self.nc.request(self.names.lease_holder(holder), b"", timeout=PING_SECONDS)
+            return None  # alive
+        except nats.errors.NoRespondersError:
+            pass  # no process listens for that holder any more
+        except (nats.errors.TimeoutError, TimeoutError):
+            return None  # stopped or busy: its key expires by itself
+        try:
+            revision = int(await self.kv.update(loop_id, self.value, last=entry.revision))
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
+            return None  # another replica was faster, or the key expired meanwhile
+        log.info("loop %s taken over from a replica that is gone (%r)", loop_id, entry.value)
+        return revision
+
+
+async def keep(lease: Lease, *, tick: float, in_progress: Callable[[], Awaitable[object]] | None = None) -> None:
+    """Until ``lease`` is lost: call ``in_progress`` every ``tick`` and refresh the lease every TTL/4."""
+    every = lease.ttl / 4
+    refreshed = time.monotonic()
+    while True:
+        await anyio.sleep(max(0.0, min(tick, every, lease.valid_until - time.monotonic())))
+        if in_progress is not None:
+            with contextlib.suppress(Exception):
+                await in_progress()
+        if time.monotonic() - refreshed >= every or lease.valid_until - time.monotonic() < tick:
+            refreshed = time.monotonic()
+            if not await lease.refresh():
+                return
+        elif not lease.held:
+            lease.give_up("lapsed")
+            return

@@ -8,68 +8,44 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
+from functools import partial
 from typing import Any, Final
 
 import anyio
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 
 from services.model_step.driver import LoopDriver
-from services.model_step.lease import Lease
+from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
-from shared.bus import ERR_MAX_MSGS_PER_SUBJECT, JetStreamError, connect, ensure_all, js_publish
+from services.model_step.work import WorkPuller, consumer_config, signal_work
+from shared.bus import connect, ensure_all, is_transient_setup_error
 from shared.client import CommitClient
 from shared.history import load
 from shared.settings import Settings
 
 log = logging.getLogger("loopwire.model_step")
 
-# After the first work item, how long a pull may wait for more to fill the other free slots.
-TOP_UP_SECONDS: Final = 0.01
-
-
-async def _fetch(psub: Any, batch: int, timeout: float) -> list[Msg]:
-    """Up to ``batch`` work items; [] on a timeout or a failed fetch (logged)."""
-    try:
-        msgs: list[Msg] = await psub.fetch(batch=batch, timeout=timeout)
-    except (nats.errors.TimeoutError, nats.js.errors.FetchTimeoutError):
-        return []
-    except nats.errors.ConnectionClosedError:
-        raise
-    except Exception as e:
-        log.warning("fetch failed: %s", e)
-        return []
-    return msgs
-
-
 # How long a replica keeps trying to queue a loop's remaining work after acking its item.
 LOOK_AGAIN_SECONDS: Final = 300.0
 # How long start-up waits for JetStream (a fresh or busy cluster may still be electing leaders).
 START_RETRY_SECONDS: Final = 30.0
+# Longest wait of one pull for the first work item (an idle replica asks again after it).
+PULL_WAIT_SECONDS: Final = 1.0
+# Delay before a work item whose loop is driven elsewhere comes back.
+BUSY_NAK_SECONDS: Final = 0.25
 
 
-async def signal_work(nc: Any, names: Any, loop_id: str) -> None:
-    """Queue a work signal for ``loop_id``; one already pending is just as good."""
-    for delay in (0.05, 0.1, 0.2, 0.5, 1.0):
-        try:
-            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=2.0)
-            return
-        except JetStreamError as e:
-            if e.err_code == ERR_MAX_MSGS_PER_SUBJECT:
-                return
-        except Exception as e:  # transient (leader election, reconnect): try again shortly
-            log.warning("work signal for %s failed: %s", loop_id, e)
-        await anyio.sleep(delay)
-    raise RuntimeError(f"could not queue a work signal for loop {loop_id}")
+def work_ack_wait(settings: Settings) -> float:
+    """How long a work item may go without a sign of life before the server hands it to another
+    replica: what a SIGKILLed replica's loops wait before they resume elsewhere."""
+    return max(0.5, min(1.0, settings.lease_ttl_seconds / 2))
 
 
-async def _start_up(js: Any, settings: Settings, registry: Any) -> tuple[KeyValue, Any]:
+async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
     """Streams, buckets, the tool registry and the work consumer; JetStream may still be electing
     leaders (a fresh or busy cluster answers with timeouts for a while), so retry for some time."""
     names = settings.names
@@ -77,28 +53,15 @@ async def _start_up(js: Any, settings: Settings, registry: Any) -> tuple[KeyValu
     deadline = anyio.current_time() + START_RETRY_SECONDS
     while True:
         try:
-            kv = await js.key_value(names.leases_bucket)
+            kv: KeyValue = await js.key_value(names.leases_bucket)
             await registry.start()
-            psub = await js.pull_subscribe(
-                names.work_all,
-                durable=names.work_consumer,
-                stream=names.work_stream,
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT,
-                    deliver_policy=DeliverPolicy.ALL,
-                    ack_wait=max(2.0, settings.lease_ttl_seconds),
-                    max_deliver=-1,
-                    max_ack_pending=-1,
-                ),
-            )
-            return kv, psub
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.js.errors.ServiceUnavailableError,
-            TimeoutError,
-        ) as e:
-            if anyio.current_time() > deadline:
+            try:
+                await js.consumer_info(names.work_stream, names.work_consumer)
+            except nats.js.errors.NotFoundError:
+                await js.add_consumer(names.work_stream, consumer_config(names, work_ack_wait(settings)))
+            return kv
+        except Exception as e:
+            if not is_transient_setup_error(e) or anyio.current_time() > deadline:
                 raise
             log.warning("start-up: JetStream not ready (%r); retrying", e)
             await registry.stop()
@@ -111,12 +74,22 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
     from services.tools.registry import ToolRegistry
 
     names = settings.names
-    nc = await connect(settings, name="model-step")
+    leases: Leases | None = None
+
+    async def on_disconnect() -> None:
+        # Other replicas may take our loops over as soon as our connection is gone (see lease.py).
+        if leases is not None:
+            leases.give_up_all("given up: the NATS connection was lost")
+
+    nc = await connect(settings, name="model-step", disconnected_cb=on_disconnect)
     js = nc.jetstream()
     registry = ToolRegistry(nc, names, replicas=settings.replicas)
-    ttl = settings.lease_ttl_seconds
+    puller = WorkPuller(nc, names)
     try:
-        kv, psub = await _start_up(js, settings, registry)
+        kv = await _start_up(js, settings, registry)
+        leases = Leases(nc, kv, names, settings.lease_ttl_seconds)
+        await leases.start()
+        await puller.start()
     except BaseException:
         # Close what was opened, so a replica that cannot start exits instead of lingering half-started.
         with anyio.CancelScope(shield=True):
@@ -125,7 +98,6 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             with contextlib.suppress(Exception):
                 await nc.close()
         raise
-    holder = f"{socket.gethostname()}:{os.getpid()}"
     models_cache: dict[str, Any] = {}
 
     def model_for(spec: str) -> Any:
@@ -143,6 +115,9 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
     )
     slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
     stop = stop or anyio.Event()
+    tick = work_ack_wait(settings) / 4
+    # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
+    busy: set[str] = set()
 
     async def handle(msg: Msg) -> None:
         try:
@@ -157,11 +132,11 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
     async def look_again(loop_id: str) -> None:
         """After the ack: queue a work item if the loop has work again (no lost wake-ups).
 
-        A signal that arrived while ours was pending was refused, so look once more, and hand found
-        work back to the queue instead of driving it unbacked (a crash now would otherwise strand
-        the loop with no work item left). Our item is already acked, so a failed look must not end
-        here (a leader election makes reads fail for seconds): signal anyway (a spare signal costs
-        one look) and keep trying until one of the two succeeds.
+        A signal that arrived while ours was pending replaced it (and was acked with it), so look
+        once more, and hand found work back to the queue instead of driving it unbacked (a crash now
+        would otherwise strand the loop with no work item left). Our item is already acked, so a
+        failed look must not end here (a leader election makes reads fail for seconds): signal
+        anyway (a spare signal costs one look) and keep trying until one of the two succeeds.
         """
         deadline = anyio.current_time() + LOOK_AGAIN_SECONDS
         while True:
@@ -183,27 +158,38 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
 
     async def _handle(msg: Msg) -> None:
         loop_id = names.loop_of_work(msg.subject)
-        lease = await Lease.acquire(kv, loop_id, holder)
+        if loop_id in busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
+            await msg.nak(delay=BUSY_NAK_SECONDS)
+            return
+        busy.add(loop_id)
+        try:
+            await _drive_item(msg, loop_id)
+        finally:
+            busy.discard(loop_id)
+
+    async def _drive_item(msg: Msg, loop_id: str) -> None:
+        assert leases is not None
+        lease = await leases.acquire(loop_id)
         if lease is None:
-            await msg.nak(delay=min(1.0, ttl / 3))  # another replica drives it; it looks again after its ack
+            await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
         try:
             async with anyio.create_task_group() as tg:
-
-                async def keepalive() -> None:
-                    while True:
-                        await anyio.sleep(ttl / 3)
-                        await lease.refresh()
-                        with contextlib.suppress(Exception):
-                            await msg.in_progress()
-
-                tg.start_soon(keepalive)
-                await driver.drive(loop_id)
-                await msg.ack()
-                await look_again(loop_id)
+                lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
+                tg.start_soon(partial(keep, lease, tick=tick, in_progress=msg.in_progress))
+                try:
+                    await driver.drive(loop_id, lease)
+                    # Only the holder acks: after a lost lease the item may already be another replica's.
+                    lease.check()
+                    await msg.ack()
+                    await look_again(loop_id)
+                except LeaseLost:
+                    log.info("loop %s: stopped driving (lease no longer held)", loop_id)
                 tg.cancel_scope.cancel()
         finally:
-            await lease.release()
+            leases.forget(lease)
+            with anyio.CancelScope(shield=True):
+                await lease.release()
 
     if ready is not None:
         ready.set()
@@ -222,28 +208,25 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
                     await slots.acquire()
                     free += 1
                 # Wait for ONE item, start it, then top up the other free slots with what is already
-                # queued. (nats-py's fetch(batch=n) on an empty queue returns only when n items came or
-                # the timeout passed: a lone work item on an idle replica waited up to the full second.)
-                taken = 0
-                for batch, timeout in ((1, 1.0), (free - 1, TOP_UP_SECONDS)):
-                    if batch < 1:
-                        continue
-                    msgs = await _fetch(psub, batch, timeout)
-                    for m in msgs:
-                        tg.start_soon(handle, m)
-                    taken += len(msgs)
-                    if not msgs:
-                        break
-                for _ in range(free - taken):
+                # queued, never asking for more items than there are free slots.
+                msgs = await puller.pull(1, wait=PULL_WAIT_SECONDS)
+                if msgs and free > 1:
+                    msgs += await puller.pull(free - 1)
+                for m in msgs[:free]:
+                    tg.start_soon(handle, m)
+                for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
+                    with contextlib.suppress(Exception):
+                        await m.nak()
+                for _ in range(free - min(free, len(msgs))):
                     slots.release()
     finally:
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(Exception):
                 await registry.stop()
-            # Work items fetched but never handled (a fetch cut short by the stop) would keep drain
-            # waiting for a reader that is gone (nats-py waits drain_timeout, 30 s): drop them here;
-            # the server redelivers them to another replica after ack_wait.
             with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+                await leases.stop()
+            # Items delivered to our inbox but never handled (cut short by the stop) come back to
+            # another replica after the ack wait.
+            await puller.close()
             with contextlib.suppress(Exception):
                 await nc.drain()

@@ -129,8 +129,13 @@ class ToolClient:
         ids: p.CallIds,
         timeout: float,
         on_progress: ProgressFn | None = None,
+        start_by_ms: int | None = None,
     ) -> CallOutcome:
-        """Run one call to completion; never raises for a worker's behaviour (only on cancellation)."""
+        """Run one call to completion; never raises for a worker's behaviour (only on cancellation).
+
+        ``start_by_ms``: the worker must not start the call after this time (unix ms; the caller's
+        lease ends then), so a request delayed past it — e.g. its sender was stopped — never runs.
+        """
         await self.start()
         token = self._nuid.next().decode()
         reply = f"{self._inbox}.{token}"
@@ -143,7 +148,10 @@ class ToolClient:
         try:
             try:
                 await self.nc.publish(
-                    self.names.tool(name), args, reply=reply, headers=p.request_headers(ids, int(deadline * 1000))
+                    self.names.tool(name),
+                    args,
+                    reply=reply,
+                    headers=p.request_headers(ids, int(deadline * 1000), start_by_ms),
                 )
             except Exception as e:  # closed connection, full reconnect buffer, oversized arguments
                 return CallOutcome(CRASHED, message=f"could not send the call ({type(e).__name__}: {e})")

@@ -120,6 +120,15 @@ class _Item:
     started: float = field(default_factory=time.monotonic)
 
 
+class Fence(Protocol):
+    """The caller's right to start side effects (the model-step's loop lease)."""
+
+    @property
+    def held(self) -> bool: ...
+
+    def start_by_ms(self) -> int: ...
+
+
 def _write_key(spec: Any, raw_input: str) -> str | None:
     target = getattr(spec, "write_target", "")
     if not target:
@@ -176,8 +185,14 @@ async def run_batch(
     max_result_bytes: int = 0,
     on_unavailable: Callable[[str], None] | None = None,
     traceparent: str = "",
+    fence: Fence | None = None,
 ) -> list[ToolResultMessage]:
-    """Run one step's calls; one result per call, in call order (see the module docstring)."""
+    """Run one step's calls; one result per call, in call order (see the module docstring).
+
+    ``fence`` (the caller's lease): no call is sent once it stops holding — such calls end as
+    canceled, and the caller, which checks its lease before committing, commits nothing — and
+    every request tells the worker the time after which it must not start.
+    """
     emit_lock = anyio.Lock(fast_acquire=True)  # uncontended: no yield (and no extra socket write) per event
 
     async def emit(event: Event) -> None:
@@ -232,6 +247,10 @@ async def run_batch(
     async def run_one(item: _Item) -> None:
         use, spec = item.plan.call, item.spec
         item.started = time.monotonic()
+        if fence is not None and not fence.held:
+            item.text, item.is_error = shaping.TOOL_CALL_CANCELED, True
+            await complete(item)
+            return
 
         async def on_progress(message: str) -> None:
             progress = ToolCallProgress(
@@ -256,6 +275,7 @@ async def run_batch(
             ),
             timeout=float(spec.timeout_seconds),
             on_progress=on_progress,
+            start_by_ms=fence.start_by_ms() if fence is not None else None,
         )
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
         if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
@@ -348,6 +368,7 @@ class Executor:
         limits: Limits | None = None,
         spec_of: SpecOf | None = None,
         traceparent: str = "",
+        fence: Fence | None = None,
     ) -> list[ToolResultMessage]:
         lim = limits or Limits()
         return await run_batch(
@@ -362,6 +383,7 @@ class Executor:
             max_result_bytes=lim.max_result_bytes,
             on_unavailable=getattr(self.registry, "mark_no_workers", None),
             traceparent=traceparent,
+            fence=fence,
         )
 
     async def close(self) -> None:

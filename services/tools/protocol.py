@@ -28,6 +28,7 @@ from shared.subjects import (
     H_EXECUTION_ID,
     H_IDEMPOTENCY_KEY,
     H_LOOP_ID,
+    H_START_BY,
     H_STEP_ID,
     H_TOOL_USE_ID,
     H_TRACEPARENT,
@@ -74,7 +75,7 @@ class CallIds(msgspec.Struct, kw_only=True, frozen=True):
         return f"{self.loop_id}:{self.step_id}:{self.tool_use_id}"
 
 
-def request_headers(ids: CallIds, deadline_ms: int) -> dict[str, str]:
+def request_headers(ids: CallIds, deadline_ms: int, start_by_ms: int | None = None) -> dict[str, str]:
     headers = {
         H_LOOP_ID: ids.loop_id,
         H_TURN_ID: ids.turn_id,
@@ -86,6 +87,8 @@ def request_headers(ids: CallIds, deadline_ms: int) -> dict[str, str]:
     }
     if ids.traceparent:
         headers[H_TRACEPARENT] = ids.traceparent
+    if start_by_ms is not None:
+        headers[H_START_BY] = str(start_by_ms)
     # Never send empty header values (and never CR/LF: nats-py 2.16 refuses them anyway).
     return {k: v for k, v in headers.items() if v and "\r" not in v and "\n" not in v}
 
@@ -107,6 +110,14 @@ def ids_from_headers(headers: dict[str, str] | None) -> tuple[CallIds, str, int 
     except ValueError:
         deadline = None
     return ids, h.get(H_IDEMPOTENCY_KEY, ""), deadline
+
+
+def start_by_from_headers(headers: dict[str, str] | None) -> int | None:
+    """``Lw-Start-By`` in unix ms, or None when absent or unreadable."""
+    try:
+        return int((headers or {})[H_START_BY])
+    except (KeyError, ValueError):
+        return None
 
 
 def now_ms() -> int:

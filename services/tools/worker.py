@@ -14,9 +14,11 @@ Idempotency (precise guarantee): within one worker process, a request whose
 ``Lw-Idempotency-Key`` and argument bytes equal those of a call that is running, or that finished
 less than :data:`IDEMPOTENCY_TTL_SECONDS` ago (at most :data:`IDEMPOTENCY_MAX_ENTRIES` remembered,
 least recently used evicted first), does not run the tool again: it gets the same final reply
-(while running: the same heartbeats too). A call that ended *canceled* is forgotten, so a retry
-runs it again. A duplicate routed to a *different* replica runs again;
-callers never re-send a call a worker has accepted, so this only matters for callers that retry.
+(while running: the same heartbeats too). Only tool results are remembered: a call that ended with
+an ``error`` reply (canceled — also before it started —, timed out, failed on the worker) is
+forgotten, so such a reply is never served to another attempt and a retry runs the tool again.
+A duplicate routed to a *different* replica runs again; callers never re-send a call a worker
+has accepted, so this only matters for callers that retry.
 """
 
 from __future__ import annotations
@@ -258,6 +260,13 @@ class Worker:
             log.warning("worker %s: %s request without a reply subject dropped", self.worker_id, t.name)
             return
         ids, key, deadline_ms = p.ids_from_headers(msg.headers)
+        start_by = p.start_by_from_headers(msg.headers)
+        if start_by is not None and p.now_ms() > start_by:
+            # The caller's lease ended before the request got here (its sender was stopped, or the
+            # request was delayed): another replica may own the step now, so never start it.
+            stale = p.ErrorBody(kind=p.ERROR_CANCELED, message="the caller's lease ended before the call started")
+            await self._send(reply, p.REPLY_ERROR, p.encode(stale))
+            return
         digest = hashlib.blake2b(msg.data, digest_size=16).digest()
         if key:
             same = self._idem_lookup((t.name, key), digest)
@@ -296,8 +305,10 @@ class Worker:
         call.done = True
         call.finished_at = time.monotonic()
         call.final_kind, call.final_body = kind, body
-        if key is not None and call.canceled and self._idem.get(key) is call:
-            del self._idem[key]  # a canceled call did not really run: a retry runs it again
+        if key is not None and (call.canceled or kind == p.REPLY_ERROR) and self._idem.get(key) is call:
+            # Canceled, timed out or failed on the worker: that reply belongs to this attempt alone;
+            # a later attempt with the same key runs the tool again.
+            del self._idem[key]
         for reply in call.replies:
             await self._send(reply, kind, body)
 
@@ -314,6 +325,7 @@ class Worker:
         # so a step re-run after a crash or restart reuses them, and the old run's cancel (seen by every
         # worker) must not refuse the new run's call.
         if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
+            call.canceled = True  # this attempt's reply only: _finish forgets it, a later attempt runs
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
         send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
         ctx = ToolContext(

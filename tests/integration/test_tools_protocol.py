@@ -105,6 +105,36 @@ async def test_cancel_that_overtakes_its_request(nc: NATS, fast: Settings) -> No
         assert out.status == cl.CANCELED and out.message == "canceled before it started"
 
 
+async def test_a_cancel_applies_to_its_attempt_only(nc: NATS, fast: Settings) -> None:
+    """A request and its own cancel arriving together are answered "canceled"; a later attempt with
+    the same execution id, idempotency key and arguments (a re-run step) still runs the tool."""
+    RUNS.clear()
+    async with worker(fast, [work]), cl.ToolClient(nc, fast.names, heartbeat_seconds=0.3) as client:
+        call_ids = ids()
+        args = b'{"tag": "again"}'
+        first = nc.new_inbox()
+        sub = await nc.subscribe(first)
+        await nc.publish(fast.names.toolctl(call_ids.execution_id), first.encode())  # cancel overtakes
+        await nc.publish(fast.names.tool("work"), args, reply=first, headers=request_headers(call_ids, now_ms() + 5000))
+        reply = await sub.next_msg(timeout=5)
+        assert reply.headers and reply.headers[H_REPLY_KIND] == "error" and b"canceled" in reply.data
+        assert RUNS == []
+        second = await client.call("work", args, ids=call_ids, timeout=5)
+        assert second.status == cl.OK and text(second) == "done again u", second
+        assert RUNS == ["again"]
+
+
+async def test_a_request_past_its_start_by_time_never_runs(nc: NATS, fast: Settings) -> None:
+    """``Lw-Start-By`` (the caller's lease end) has passed when the request arrives: not started."""
+    RUNS.clear()
+    async with worker(fast, [work]), cl.ToolClient(nc, fast.names) as client:
+        late = await client.call("work", b'{"tag": "late"}', ids=ids(), timeout=5, start_by_ms=now_ms() - 1)
+        assert late.status == cl.CANCELED and "lease ended" in late.message, late
+        in_time = await client.call("work", b'{"tag": "ok"}', ids=ids(), timeout=5, start_by_ms=now_ms() + 5000)
+        assert in_time.status == cl.OK
+        assert RUNS == ["ok"]
+
+
 async def test_worker_survives_odd_requests(nc: NATS, fast: Settings) -> None:
     async with worker(fast, [work, BUILTINS["ask_user"]]), cl.ToolClient(nc, fast.names) as client:
         subject = fast.names.tool("work")

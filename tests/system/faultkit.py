@@ -32,6 +32,7 @@ import anyio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.model_step.steps import step_id_for
 from shared import events as ev
 from shared.bus import JetStreamError, JetStreamUnavailableError, direct_get_batch
 from shared.client import ApiResult, LoopClient
@@ -486,6 +487,56 @@ async def chain_violations(nc: NATS, settings: Settings, loop_id: str) -> list[s
         if not b.messages or b.num_pending == 0:
             return out
         start = b.messages[-1].seq + 1
+
+
+TURN_ENDS = (ev.TurnDone, ev.TurnFailed, ev.TurnInterrupted)
+
+
+def turn_violations(events: Sequence[tuple[int, Event]], *, settled: bool = True) -> list[str]:
+    """Turn structure from stored records alone, whatever the script: every turn starts once and
+    ends at most once (exactly once when ``settled``), holds exactly its steps — step k of a turn is
+    ``step_id_for(turn, k)``, in order, none after the turn's end — and every input is consumed
+    (started or folded into a turn) at most once, exactly once when ``settled``."""
+    out: list[str] = []
+    started: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    steps: dict[str, list[str]] = {}
+    inputs: list[str] = []
+    consumed: Counter[str] = Counter()
+    for seq, e in events:
+        turn = getattr(e, "turn_id", "")
+        if isinstance(e, ev.InputSubmitted):
+            inputs.append(e.event_id)
+        elif isinstance(e, ev.TurnStarted):
+            if turn in started:
+                out.append(f"turn {turn[:8]} started again at {seq}")
+            started[turn] = seq
+            steps[turn] = []
+            if e.cause is not None:
+                consumed[e.cause.event_id] += 1
+        elif isinstance(e, ev.TurnFoldedInto) and e.cause is not None:
+            consumed[e.cause.event_id] += 1
+        if isinstance(e, ev.StepDone | ev.TurnFoldedInto | ev.GateOpened | ev.PermissionDecided):
+            if turn not in started:
+                out.append(f"{type(e).__name__} at {seq} for turn {turn[:8]} that never started")
+            elif turn in ended:
+                out.append(f"{type(e).__name__} at {seq} after turn {turn[:8]} ended at {ended[turn]}")
+        if isinstance(e, ev.StepDone) and turn in steps:
+            want = step_id_for(turn, len(steps[turn]))
+            if e.step_id != want:
+                out.append(f"step at {seq} is {e.step_id[:8]}, turn {turn[:8]} expects step {len(steps[turn])}")
+            steps[turn].append(e.step_id)
+        if isinstance(e, TURN_ENDS):
+            if turn in ended:
+                out.append(f"turn {turn[:8]} ended again at {seq}")
+            ended.setdefault(turn, seq)
+    for cause, n in consumed.items():
+        if n > 1:
+            out.append(f"input {cause[:8]} consumed {n} times")
+    if settled:
+        out += [f"turn {t[:8]} never ended" for t in started if t not in ended]
+        out += [f"input {i[:8]} never consumed" for i in inputs if consumed[i] == 0]
+    return out
 
 
 def _check_result(

@@ -1,0 +1,119 @@
+"""The work queue from the model-step's side: signalling a loop's work and pulling work items.
+
+A work item is a message on ``<prefix>.work.<loop_id>`` in the work stream (at most one per loop: a
+new signal replaces a pending one). Replicas share one durable pull consumer.
+
+Pulls are made here rather than with nats-py's ``fetch``: a fetch that times out on the client
+leaves its pull request waiting on the server, which may later deliver an item nobody asked for
+(held, unacknowledged, by a replica with no free slot). Here a waiting pull ends only on the
+server's own answer (an item, or its 408/404 status), and a top-up pull never waits (``no_wait``),
+so a replica holds at most as many items as it asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from typing import Final
+
+import anyio
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from shared.bus import js_publish
+from shared.subjects import H_STATUS, Names, js_api
+
+log = logging.getLogger("loopwire.model_step.work")
+
+# Extra time a waiting pull allows the server for its answer before giving up on the connection.
+_ANSWER_GRACE_SECONDS: Final = 5.0
+_HEARTBEAT_STATUS: Final = "100"
+
+
+async def signal_work(nc: NATS, names: Names, loop_id: str) -> None:
+    """Queue a work signal for ``loop_id`` (it replaces a pending one); retried while JetStream is busy."""
+    for delay in (0.05, 0.1, 0.2, 0.5, 1.0):
+        try:
+            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=2.0)
+            return
+        except Exception as e:  # transient (leader election, reconnect): try again shortly
+            log.warning("work signal for %s failed: %s", loop_id, e)
+        await anyio.sleep(delay)
+    raise RuntimeError(f"could not queue a work signal for loop {loop_id}")
+
+
+def consumer_config(names: Names, ack_wait: float) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=names.work_consumer,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=names.work_all,
+        ack_wait=ack_wait,
+        max_deliver=-1,
+        max_ack_pending=-1,
+    )
+
+
+class WorkPuller:
+    """Pull requests on the shared work consumer, answered on this replica's own inbox."""
+
+    def __init__(self, nc: NATS, names: Names) -> None:
+        self.nc = nc
+        self._next = f"{js_api('CONSUMER.MSG.NEXT', names.work_stream)}.{names.work_consumer}"
+        self._inbox = ""
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def pull(self, batch: int, *, wait: float = 0.0) -> list[Msg]:
+        """Up to ``batch`` items: waiting up to ``wait`` seconds for the first, or none (``wait=0``).
+
+        An item delivered late (after a lost answer) waits on the inbox and is taken by the next
+        pull, within that pull's batch.
+        """
+        assert self._sub is not None, "start() first"
+        req: dict[str, object] = {"batch": batch}
+        if wait > 0:
+            req["expires"] = int(wait * 1e9)
+        else:
+            req["no_wait"] = True
+        out: list[Msg] = []
+        # Items already waiting from an earlier request count first.
+        while len(out) < batch and self._sub.pending_msgs > 0:
+            m = await self._sub.next_msg(timeout=0.01)
+            if not self._status(m):
+                out.append(m)
+        if len(out) >= batch:
+            return out
+        await self.nc.publish(self._next, json.dumps(req).encode(), reply=self._inbox)
+        limit = time.monotonic() + wait + _ANSWER_GRACE_SECONDS
+        while len(out) < batch:
+            try:
+                m = await self._sub.next_msg(timeout=max(0.01, limit - time.monotonic()))
+            except nats.errors.TimeoutError:
+                log.warning("no answer to a work pull within %gs", wait + _ANSWER_GRACE_SECONDS)
+                break
+            status = self._status(m)
+            if status == _HEARTBEAT_STATUS:
+                continue
+            if status:
+                break  # 404 no items, 408 expired, 409 and the like: this request is over
+            out.append(m)
+        return out
+
+    def _status(self, m: Msg) -> str:
+        """The status of a message the server sent about a pull (items arrive on their own subject)."""
+        return (m.headers or {}).get(H_STATUS, "") if m.subject == self._inbox else ""
