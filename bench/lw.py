@@ -35,7 +35,6 @@ from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
 
 PREFIX = "bench"
-LEASE_TTL = 3.0  # seconds; the default (LW_LEASE_TTL_SECONDS) is 30, see docs/benchmarks.md
 BIG_LIMITS = Limits(max_iterations=1_000_000, max_calls_per_turn=1_000_000)
 
 _TYPE_AT = len(b'{"v":1,"type":"')
@@ -120,7 +119,6 @@ class Deployment:
             nats_urls=tuple(self.urls),
             prefix=PREFIX,
             replicas=3 if self.cluster else 1,
-            lease_ttl_seconds=LEASE_TTL,
         )
 
     @property
@@ -131,7 +129,6 @@ class Deployment:
             "LW_REPLICAS": "3" if self.cluster else "1",
             "LW_LOG_LEVEL": "WARNING",
             "LW_MODEL_STEP_CONCURRENCY": "512",
-            "LW_LEASE_TTL_SECONDS": str(LEASE_TTL),
             **self.env_extra,
         }
 

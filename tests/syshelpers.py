@@ -90,7 +90,6 @@ def system(
         "LW_NATS_URL": ",".join(settings.nats_urls),
         "LW_PREFIX": settings.prefix,
         "LW_REPLICAS": str(settings.replicas),
-        "LW_LEASE_TTL_SECONDS": "3",
         "LW_LOG_LEVEL": "INFO",
         **(env or {}),
     }

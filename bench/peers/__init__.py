@@ -27,6 +27,7 @@ from bench.common import Row, pct, table
 from bench.peers.proto import Collected, Worker
 from bench.profile import GroupCpu
 from bench.scenarios import _pids
+from shared.settings import Settings
 
 DURABILITY = {
     "loopwire": "JetStream R1 file store; acked once written to the server (fsync every 2 min, nats-server default)",
@@ -181,7 +182,7 @@ async def _loopwire_resume(d: Any, name: str) -> Row:
         config="resume after SIGKILL of the model-step",
         seconds=resume,
         durability=DURABILITY[name],
-        extra={"mode": "resume", "lease_ttl_s": 3.0},
+        extra={"mode": "resume", "lease_ttl_s": Settings().lease_ttl_seconds},
     )
 
 

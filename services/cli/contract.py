@@ -245,7 +245,12 @@ def asyncapi_document() -> dict[str, Any]:
         f"{subjects.H_REPLY_KIND} header of a tool-call reply",
     )
     schemas["ToolErrorKind"] = _enum(
-        [tool_protocol.ERROR_TIMEOUT, tool_protocol.ERROR_CANCELED, tool_protocol.ERROR_INTERNAL],
+        [
+            tool_protocol.ERROR_TIMEOUT,
+            tool_protocol.ERROR_CANCELED,
+            tool_protocol.ERROR_INTERNAL,
+            tool_protocol.ERROR_NOT_STARTED,
+        ],
         "ToolErrorBody.kind",
     )
 

@@ -11,7 +11,8 @@ Outcomes, decided without waiting for the deadline wherever possible:
 * ``timeout`` — the worker reported the deadline passed, or nothing came until deadline + grace;
 * ``crashed`` — no reply or heartbeat for ``loss_factor`` heartbeat intervals (worker killed, hung or
   stopped), an unreadable reply, a worker-internal failure, or the request could not be sent;
-* ``canceled`` — the call was cancelled on the worker (toolctl).
+* ``canceled`` — the call was cancelled on the worker (toolctl);
+* ``not_started`` — the request reached the worker after its ``start_by_ms`` and was not started.
 
 Cancelling :meth:`ToolClient.call` (an anyio cancel scope around the batch) publishes
 ``<prefix>.toolctl.<execution_id>`` so the worker stops the call, then propagates. The client
@@ -47,6 +48,7 @@ UNAVAILABLE: Final = "unavailable"
 TIMEOUT: Final = "timeout"
 CRASHED: Final = "crashed"
 CANCELED: Final = "canceled"
+NOT_STARTED: Final = "not_started"
 
 _NO_RESPONDERS: Final = "503"
 DEFAULT_LOSS_FACTOR: Final = 3.0
@@ -186,7 +188,11 @@ class ToolClient:
                         return CallOutcome(OK, result=p.decode_result(msg.data), worker_id=worker)
                     if kind == p.REPLY_ERROR:
                         err = p.decode_error(msg.data)
-                        status = {p.ERROR_TIMEOUT: TIMEOUT, p.ERROR_CANCELED: CANCELED}.get(err.kind, CRASHED)
+                        status = {
+                            p.ERROR_TIMEOUT: TIMEOUT,
+                            p.ERROR_CANCELED: CANCELED,
+                            p.ERROR_NOT_STARTED: NOT_STARTED,
+                        }.get(err.kind, CRASHED)
                         return CallOutcome(status, message=err.message or err.kind, worker_id=worker)
                 except (msgspec.ValidationError, msgspec.DecodeError) as e:
                     return CallOutcome(CRASHED, message=f"unreadable {kind} reply: {e}", worker_id=worker)

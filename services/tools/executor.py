@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import msgspec
@@ -118,6 +118,10 @@ class _Item:
     is_error: bool = False
     write_key: str | None = None
     started: float = field(default_factory=time.monotonic)
+
+
+# How often a call that reached its worker too late to start is sent again.
+NOT_STARTED_RESENDS: Final = 3
 
 
 class Fence(Protocol):
@@ -262,21 +266,27 @@ async def run_batch(
             )
             await emit(progress)
 
-        outcome = await client.call(
-            use.name,
-            use.input.encode(),
-            ids=CallIds(
-                loop_id=loop_id,
-                turn_id=turn_id,
-                step_id=step_id,
-                tool_use_id=use.id,
-                execution_id=item.plan.execution_id,
-                traceparent=traceparent,
-            ),
-            timeout=float(spec.timeout_seconds),
-            on_progress=on_progress,
-            start_by_ms=fence.start_by_ms() if fence is not None else None,
+        call_ids = CallIds(
+            loop_id=loop_id,
+            turn_id=turn_id,
+            step_id=step_id,
+            tool_use_id=use.id,
+            execution_id=item.plan.execution_id,
+            traceparent=traceparent,
         )
+        for _attempt in range(NOT_STARTED_RESENDS + 1):
+            outcome = await client.call(
+                use.name,
+                use.input.encode(),
+                ids=call_ids,
+                timeout=float(spec.timeout_seconds),
+                on_progress=on_progress,
+                start_by_ms=fence.start_by_ms() if fence is not None else None,
+            )
+            # Not started because it reached the worker late (a stopped or backlogged worker): it
+            # never ran, so send it again while our lease holds.
+            if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
+                break
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
         if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
             on_unavailable(use.name)
@@ -324,7 +334,7 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
         return shaping.tool_unavailable(name), True
     if outcome.status == cl.TIMEOUT:
         return shaping.tool_timed_out(timeout), True
-    if outcome.status == cl.CANCELED:
+    if outcome.status in (cl.CANCELED, cl.NOT_STARTED):
         return shaping.TOOL_CALL_CANCELED, True
     return shaping.tool_crashed(outcome.message or "no result"), True
 

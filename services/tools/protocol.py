@@ -42,6 +42,9 @@ REPLY_ERROR: Final = "error"
 ERROR_TIMEOUT: Final = "timeout"
 ERROR_CANCELED: Final = "canceled"
 ERROR_INTERNAL: Final = "internal"
+# Arrived after its Lw-Start-By (e.g. the worker was stopped while it waited): never started. The
+# caller sends it again if it still holds its lease.
+ERROR_NOT_STARTED: Final = "not_started"
 
 
 class ResultBody(msgspec.Struct, kw_only=True):

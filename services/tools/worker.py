@@ -264,7 +264,7 @@ class Worker:
         if start_by is not None and p.now_ms() > start_by:
             # The caller's lease ended before the request got here (its sender was stopped, or the
             # request was delayed): another replica may own the step now, so never start it.
-            stale = p.ErrorBody(kind=p.ERROR_CANCELED, message="the caller's lease ended before the call started")
+            stale = p.ErrorBody(kind=p.ERROR_NOT_STARTED, message="arrived after its Lw-Start-By; not started")
             await self._send(reply, p.REPLY_ERROR, p.encode(stale))
             return
         digest = hashlib.blake2b(msg.data, digest_size=16).digest()

@@ -358,7 +358,6 @@ def fuzz_env(log_dir: Path) -> Iterator[FuzzEnv]:
     env = {
         "LW_NATS_URL": server.url,
         "LW_PREFIX": settings.prefix,
-        "LW_LEASE_TTL_SECONDS": "3",
         "LW_TOOL_ROOT": str(root),
         "LW_TOOL_TIMEOUT_SECONDS": "10",
         "LW_LOG_LEVEL": "WARNING",

@@ -133,6 +133,8 @@ ROLES: dict[str, list[str]] = {
     # one tool per process (a NATS identity per tool: see test_security)
     "tools-calculator": ["-m", "services.tools", "calculator"],
     "tools-clock": ["-m", "services.tools", "clock"],
+    # records every execution it starts in the file LW_LEDGER names (tests/system/ledger_tool.py)
+    "tools-ledger": ["-m", "services.tools", "tests.system.ledger_tool:ledger"],
 }
 DEFAULT_FLEET: dict[str, int] = {"committer": 2, "model-step": 2, "tools-calc": 2, "tools-sleep": 2}
 
@@ -209,7 +211,6 @@ def fleet(
         "LW_NATS_URL": ",".join(settings.nats_urls),
         "LW_PREFIX": settings.prefix,
         "LW_REPLICAS": str(settings.replicas),
-        "LW_LEASE_TTL_SECONDS": "3",
         "LW_LOG_LEVEL": "INFO",
         **(env or {}),
     }

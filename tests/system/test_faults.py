@@ -142,11 +142,14 @@ async def kill_tool_mid_call(ctx: Ctx) -> None:
             before = live.fault_errors
             if not await ctx.load.wait_tool_in_flight("sleep", at_least=4 if attempt == 0 else 1):
                 break
-            old = [p for p in ctx.fleet.live("tools-sleep") if p.pid not in fresh]
-            victim = ctx.fleet.rng.choice(old) if old else ctx.fleet.pick("tools-sleep")
-            victim.kill()
-            ctx.note(f"SIGKILL tools-sleep {victim.pid} with {live.in_flight('sleep')} sleep calls in flight")
-            fresh.add((await ctx.fleet.replace(victim)).pid)
+            # Which replica runs which call is unknown: kill every replica that may hold one, at once.
+            old = [p for p in ctx.fleet.live("tools-sleep") if p.pid not in fresh] or [ctx.fleet.pick("tools-sleep")]
+            for victim in old:
+                victim.kill()
+            pids = " ".join(str(v.pid) for v in old)
+            ctx.note(f"SIGKILL tools-sleep {pids} with {live.in_flight('sleep')} sleep calls in flight")
+            for victim in old:
+                fresh.add((await ctx.fleet.replace(victim)).pid)
             # callers notice the silence after 3 missed heartbeats (3 s)
             if await _until(lambda before=before: live.fault_errors > before, 8.0):
                 ctx.note(f"{live.fault_errors - before} calls reported crashed")

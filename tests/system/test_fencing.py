@@ -26,6 +26,7 @@ from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
+from tests.system import reports
 from tests.system.faultkit import Fleet, chain_violations, fleet, sigcont, sigstop, turn_violations, write_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(300)]
@@ -186,3 +187,59 @@ async def test_paused_past_the_lease_and_handed_back_commits_every_step_once(
             print(f"{phase}: settled {time.monotonic() - t0:.1f}s after the pause began:", ", ".join(listing))
         finally:
             await nc.close()
+
+
+RESUME_TRIALS = 3
+
+
+async def test_resume_after_sigkill_of_the_driving_model_step_with_default_settings(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """SIGKILL the replica driving a loop mid-step: another replica commits that step within 2 s."""
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    stream = 0.2  # the step's own model time, included in the figure
+    step = [{"kind": "text", "text": "working. "}, {"sleep": stream}, *_calc("c_{k}", "1+1"), FINISH_TOOLS]
+    model = write_model(tmp_path, {"responses": [step, step, "done"], "repeat_last": True}, "resume.json")
+    counts = {"committer": 1, "tools-calc": 1, "model-step": RESUME_TRIALS + 1}
+    figures: list[float] = []
+    with fleet(settings, counts=counts, env={}, log_dir=tmp_path / "logs") as f:
+        nc = await connect(settings)
+        try:
+            api = LoopClient(nc, settings.names, timeout=15)
+            for _ in range(RESUME_TRIALS):
+                loop_id = (await api.start(model=model)).loop_id
+                delta = await live_seen(nc, settings, loop_id, "TokenDelta")
+                committed = anyio.Event()
+                at: list[float] = []
+
+                async def on_hist(msg: Any, done: anyio.Event = committed, at: list[float] = at) -> None:
+                    if b'"StepDone"' in msg.data and not done.is_set():
+                        at.append(time.monotonic())
+                        done.set()
+
+                sub = await nc.subscribe(settings.names.hist(loop_id), cb=on_hist)
+                await api.input(loop_id, "go")
+                with anyio.fail_after(30):
+                    await delta.wait()  # the holder is inside the step's model stream
+                pid = await wait_holder(nc, settings, loop_id)
+                process_of(f, pid).kill()
+                killed = time.monotonic()
+                with anyio.fail_after(60):
+                    await committed.wait()
+                await sub.unsubscribe()
+                figures.append(at[0] - killed)
+                await wait_history(nc, settings, loop_id, lambda h: h.open_turn is None, timeout=60)
+                await assert_history_is_whole(nc, settings, loop_id)
+        finally:
+            await nc.close()
+    figures.sort()
+    report = {
+        "resume_seconds": [round(x, 2) for x in figures],
+        "median": round(figures[len(figures) // 2], 2),
+        "step_model_seconds": stream,
+        "lease_ttl_seconds": settings.lease_ttl_seconds,
+    }
+    reports.add_figure("resume after SIGKILL of the driving model-step (default settings)", report)
+    print(report)
+    assert figures[len(figures) // 2] <= 2.0, report
+    assert figures[-1] <= 3.0, report

@@ -286,7 +286,7 @@ async def test_sigkill_model_step_replicas_at_random_points(settings: Settings, 
     script.append([{"sleep": 0.1}, {"kind": "text", "text": "finished"}])
     model = write_script(tmp_path, script)
     n_loops = 30
-    with system(settings, model_steps=2, tools=("calculator",), env={"LW_LEASE_TTL_SECONDS": "2"}) as sysm:
+    with system(settings, model_steps=2, tools=("calculator",)) as sysm:
         lc = LoopClient(nc, settings.names)
         loop_ids = [str(uuid.uuid4()) for _ in range(n_loops)]
         for loop_id in loop_ids:

@@ -1,0 +1,43 @@
+"""A tool that records every execution it starts, for checks made from outside the services.
+
+Served with ``python -m services.tools tests.system.ledger_tool:ledger``; each execution appends one
+JSON line (execution id, loop, step, wall-clock start) to the file named by ``LW_LEDGER`` before it
+does anything else, then takes a moment (a window for faults to land mid-call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import anyio
+import msgspec
+
+from services.tools.sdk import ToolContext, tool
+
+
+class Entry(msgspec.Struct):
+    note: str = ""
+
+
+def _append(line: str) -> None:
+    # One short O_APPEND write per execution: lines from concurrent processes never interleave.
+    with open(os.environ["LW_LEDGER"], "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
+@tool(name="ledger", description="records that it ran")
+async def ledger(args: Entry, ctx: ToolContext) -> str:
+    line = json.dumps(
+        {
+            "execution_id": ctx.ids.execution_id,
+            "loop_id": ctx.ids.loop_id,
+            "step_id": ctx.ids.step_id,
+            "started": time.time(),
+            "pid": os.getpid(),
+        }
+    )
+    _append(line)
+    await anyio.sleep(0.15)
+    return f"recorded {args.note}"
