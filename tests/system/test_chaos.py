@@ -69,18 +69,20 @@ def _use(index: int, name: str, args: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def chaos_script(steps: int) -> dict[str, Any]:
-    """Every step writes to the ledger, most also calculate or sleep; then a final answer (repeated
-    for later turns)."""
+def chaos_script(turn_steps: int, turns: int) -> dict[str, Any]:
+    """Turns of ``turn_steps`` tool steps then an answer, ``turns`` times over (the scripted model plays
+    responses by position in the loop's history, so every later turn does tool work too). Every tool
+    step writes to the ledger; most also calculate or sleep."""
     responses: list[Any] = []
-    for k in range(steps):
-        calls = _use(0, "ledger", {"note": f"step {k}"})
-        if k % 3 == 1:
-            calls += _use(1, "sleep", {"seconds": 0.4})
-        elif k % 3 == 2:
-            calls += _use(1, "calculator", {"expression": f"{k}*2"})
-        responses.append([{"kind": "text", "text": f"step {k}. "}, *calls, FINISH])
-    responses.append("finished")
+    for turn in range(turns):
+        for k in range(turn_steps):
+            calls = _use(0, "ledger", {"note": f"turn {turn} step {k}"})
+            if k % 3 == 1:
+                calls += _use(1, "sleep", {"seconds": 0.4})
+            elif k % 3 == 2:
+                calls += _use(1, "calculator", {"expression": f"{k}*2"})
+            responses.append([{"kind": "text", "text": f"step {k}. "}, *calls, FINISH])
+        responses.append(f"turn {turn} done")
     return {"responses": responses, "repeat_last": True}
 
 
@@ -168,22 +170,28 @@ async def storm(
 
 
 async def inputs(
-    api: LoopClient, loops: list[Loop], nc: NATS, settings: Settings, rng: random.Random, t: Tally
+    api: LoopClient, loops: list[Loop], nc: NATS, settings: Settings, rng: random.Random, t: Tally, until: float
 ) -> None:
-    """More input for random loops while they run (mid-turn) and after their turn ended."""
-    for _ in range(len(loops)):
-        await anyio.sleep(rng.uniform(0.2, 1.5))
-        loop = rng.choice(loops)
-        try:
-            h = await load(nc, settings.names, loop.loop_id)
-            mid = h.open_turn is not None
-        except Exception:
-            mid = False
-        if mid:
-            t.inputs_mid_turn += 1
-        else:
-            t.inputs_after_turn += 1
-        await command(lambda cid, lp=loop: api.input(lp.loop_id, "and also this", command_id=cid), loop)
+    """More input for every loop every few seconds while the storm lasts: mid-turn and after turns."""
+
+    async def feed(loop: Loop, delay: float) -> None:
+        await anyio.sleep(delay)
+        while time.monotonic() < until:
+            try:
+                h = await load(nc, settings.names, loop.loop_id)
+                mid = h.open_turn is not None
+            except Exception:
+                mid = False
+            if mid:
+                t.inputs_mid_turn += 1
+            else:
+                t.inputs_after_turn += 1
+            await command(lambda cid: api.input(loop.loop_id, "and also this", command_id=cid), loop)
+            await anyio.sleep(rng.uniform(2.0, 7.0))
+
+    async with anyio.create_task_group() as tg:
+        for loop in loops:
+            tg.start_soon(feed, loop, rng.uniform(1.0, 5.0))
 
 
 def settled(h: LoopHistory) -> bool:
@@ -258,10 +266,10 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
 
 async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -> dict[str, Any]:
     rng = random.Random(seed)
-    n_loops, steps, storm_seconds = (24, 10, 90.0) if long_run else (10, 6, 35.0)
+    n_loops, storm_seconds = (24, 120.0) if long_run else (10, 40.0)
     ledger_file = new_ledger(work)
     settings = Settings.from_env({}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3)
-    model = write_model(work, chaos_script(steps), "chaos.json")
+    model = write_model(work, chaos_script(turn_steps=6, turns=200), "chaos.json")
     tally = Tally()
     t0 = time.monotonic()
     with fleet(settings, cluster, counts=COUNTS, env={"LW_LEDGER": str(ledger_file)}, log_dir=work / "logs") as f:
@@ -273,7 +281,7 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
                 await command(lambda cid, lp=lp: api.start(lp.loop_id, model=model, command_id=cid), lp)
                 await command(lambda cid, lp=lp: api.input(lp.loop_id, "go", command_id=cid), lp)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(inputs, api, loops, nc, settings, rng, tally)
+                tg.start_soon(inputs, api, loops, nc, settings, rng, tally, time.monotonic() + storm_seconds)
                 await storm(f, cluster, settings, rng, storm_seconds, tally)
             for node in cluster.nodes:
                 node.signal(signal.SIGCONT)
