@@ -296,10 +296,14 @@ async def ensure_work_stream(js: JetStreamContext, settings: Settings) -> api.St
     return await ensure_stream(js, work_stream_config(settings), _WORK_KEYS)
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1, ttl: float, history: int = 1) -> KeyValue:
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, replicas: int = 1, ttl: float, history: int = 1, set_ttl: bool = False
+) -> KeyValue:
     """Create or verify a KV bucket. ``ttl``: an entry not written again for this long disappears.
 
     Per-message TTLs (``Nats-TTL``, nats-py ``msg_ttl=``) are allowed too; they may only shorten it.
+    ``set_ttl``: an existing bucket with another TTL gets this one (for buckets of short-lived
+    entries whose TTL is a setting, such as the loop leases) instead of being refused.
     """
     name = kv_stream(bucket)
     info = await _stream_info(js, name)
@@ -315,7 +319,14 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, replicas: int = 1, ttl
                 raise
     diff = _differences(want, info.config, ("num_replicas", "max_msgs_per_subject"))
     if abs(float(info.config.max_age or 0) - ttl) > 1e-3:
-        diff["max_age"] = (ttl, info.config.max_age)
+        if set_ttl and not diff:
+            before, info.config.max_age = info.config.max_age, ttl
+            # The server requires a duplicate window no longer than the TTL.
+            info.config.duplicate_window = min(float(info.config.duplicate_window or ttl), ttl)
+            await js.update_stream(info.config)
+            log.warning("%s: TTL changed from %ss to %ss", name, before, ttl)
+        else:
+            diff["max_age"] = (ttl, info.config.max_age)
     if diff:
         raise IncompatibleConfigError(name, diff)
     return await js.key_value(bucket)
@@ -358,7 +369,9 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
             await ensure_history_stream(js, settings)
             await ensure_work_stream(js, settings)
             await ensure_kv(js, n.tools_bucket, replicas=settings.replicas, ttl=TOOLS_TTL_SECONDS)
-            await ensure_kv(js, n.leases_bucket, replicas=settings.replicas, ttl=settings.lease_ttl_seconds)
+            await ensure_kv(
+                js, n.leases_bucket, replicas=settings.replicas, ttl=settings.lease_ttl_seconds, set_ttl=True
+            )
             return
         except Exception as e:
             if not is_transient_setup_error(e):

@@ -71,3 +71,13 @@ async def test_incompatible_streams_and_buckets_are_reported(nc: NATS, settings:
     with pytest.raises(IncompatibleConfigError) as err:
         await ensure_kv(js, n.leases_bucket, ttl=30, history=5)
     assert set(err.value.differences) == {"max_msgs_per_subject"}
+
+
+async def test_the_leases_bucket_takes_the_configured_ttl(nc: NATS, settings: Settings) -> None:
+    """A deployment that changes LW_LEASE_TTL_SECONDS (or one made with the earlier 30 s default) starts."""
+    js = nc.jetstream(timeout=10)
+    n = settings.names
+    await ensure_kv(js, n.leases_bucket, ttl=30)
+    await ensure_all(js, settings)
+    leases = (await js.stream_info(f"KV_{n.leases_bucket}")).config
+    assert leases.max_age == settings.lease_ttl_seconds
