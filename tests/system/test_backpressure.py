@@ -4,8 +4,9 @@
   whole process, so the server sees a slow TCP client) do not slow down or break the services:
   the same load takes comparable time with and without them.
 * A model-step replica never holds more work items than it has free slots: with
-  LW_MODEL_STEP_CONCURRENCY=2 and 2 replicas, the work consumer's num_ack_pending stays ≤ 4 while
-  many more loops wait in the queue.
+  LW_MODEL_STEP_CONCURRENCY=2 and 2 replicas, the work consumer's num_ack_pending — the server's
+  count of items delivered and not yet acknowledged (a replaced signal leaves it at once) — stays ≤ 4
+  while many more loops wait in the queue.
 """
 
 from __future__ import annotations
