@@ -9,7 +9,9 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
    minted id → ``error: invalid tool call (missing or duplicate id)``;
    (a ``reply`` decision is final here: its text is the result);
    unknown tool (the registry has no worker for it, or the loop does not allow it) →
-   ``error: unknown tool: <name>``; a conflicted tool (live workers disagree on version/schema,
+   ``error: unknown tool: <name>``; a tool whose every worker just failed to answer (NATS no
+   responders) and none registered since → ``error: tool unavailable: <name> (no live workers)``;
+   a conflicted tool (live workers disagree on version/schema,
    see :mod:`services.tools.registry`) → ``error: tool unavailable: <name> (...)``;
    arguments not strict JSON → ``error: invalid tool arguments (not valid JSON)``;
    denied → the denial text (no decision at all is denied too: fail closed).
@@ -158,6 +160,9 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
     spec = spec_of(use.name) if valid_tool_name(use.name) else None
     if spec is None:
         item.text, item.is_error = shaping.unknown_tool(use.name), True
+        return
+    if getattr(spec, "replicas", 1) == 0:
+        item.text, item.is_error = shaping.tool_unavailable(use.name), True
         return
     if getattr(spec, "conflict", None):
         reason = f"conflicting versions live: {', '.join(spec.conflict)}"

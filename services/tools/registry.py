@@ -188,9 +188,13 @@ class ToolRegistry:
 
     def _view(self, name: str) -> LiveTool | None:
         workers = self._regs.get(name)
-        if not workers or name in self._no_workers:
+        if not workers:
             return None
         newest = max(workers.values(), key=lambda sr: sr[0])[2]
+        if name in self._no_workers:
+            # Known but unreachable: callers answer "unavailable", not "unknown" (which reads to a
+            # model as "this tool does not exist") until a worker registers again or the sweep forgets it.
+            return LiveTool(**{f: getattr(newest.spec, f) for f in ToolSpec.__struct_fields__})
         variants: dict[bytes, list[Registration]] = {}
         for _, _, reg in workers.values():
             variants.setdefault(reg.spec.compatibility_key(), []).append(reg)
@@ -212,12 +216,13 @@ class ToolRegistry:
         out = []
         for name in sorted(self._regs):
             view = self._view(name)
-            if view is not None and not view.conflict:
+            if view is not None and view.replicas and not view.conflict:
                 out.append(view)
         return out
 
     def get(self, name: str) -> LiveTool | None:
-        """The tool ``name`` (conflicted ones included, with ``conflict`` set), or None if no worker has it."""
+        """The tool ``name`` (conflicted ones included, with ``conflict`` set; ``replicas == 0`` while every
+        worker it had failed to answer), or None if no worker has it."""
         if not valid_tool_name(name):
             return None
         return self._view(name)
@@ -234,7 +239,7 @@ class ToolRegistry:
         return out
 
     def mark_no_workers(self, name: str) -> None:
-        """A call got "no responders": treat the tool as gone until a worker registers again."""
+        """A call got "no responders": no live replica until a worker registers again."""
         if name in self._regs:
             self._no_workers.add(name)
 
@@ -243,7 +248,7 @@ class ToolRegistry:
         with anyio.fail_after(timeout):
             while True:
                 view = self._view(name)
-                if view is not None and view.replicas >= replicas:
+                if view is not None and view.replicas >= max(1, replicas):
                     return view
                 await self._changed.wait()
 

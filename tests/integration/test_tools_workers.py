@@ -222,9 +222,16 @@ async def test_stopping_all_workers_makes_the_next_call_fail_fast(
         else:
             # Killed workers' entries linger until their TTL; NATS "no responders" is authoritative.
             assert text(r) == "error: tool unavailable: clock (no live workers)"
-            assert registry.get("clock") is None and "clock" not in [t.name for t in registry.live()]
+            # Known but unreachable: offered to no model, and later calls say "unavailable", not "unknown".
+            view = registry.get("clock")
+            assert view is not None and view.replicas == 0 and "clock" not in [t.name for t in registry.live()]
             r, _ = await batch(registry, client, "clock", "{}")
-            assert text(r) == "error: unknown tool: clock"
+            assert text(r) == "error: tool unavailable: clock (no live workers)"
+            # A worker registering again makes it live at once.
+            workers.start("clock")
+            await registry.wait_for("clock")
+            r, _ = await batch(registry, client, "clock", "{}")
+            assert not r.is_error
 
 
 # --- deadline, heartbeat loss, cancel, drain --------------------------------------------------------

@@ -54,9 +54,8 @@ SLEEP_SECONDS = 0.3
 GATED_TOOL = "clock"
 # Tool results a fault may legitimately produce instead of the tool's answer (the executor's texts).
 FAULT_RESULT_PREFIXES = ("error: tool crashed", "error: tool timed out", "error: tool unavailable")
-# After a call found no responders (e.g. every replica of a tool was reconnecting after its NATS
-# node died), the registry treats the tool as gone until a worker's next registration refresh
-# (≤ 3.3 s), and the executor answers calls meanwhile as "unknown tool" (see docs/reliability.md).
+# While a NATS node is lost the registry may forget a tool whose workers cannot refresh their
+# registration, and the executor answers calls meanwhile as "unknown tool" (see docs/reliability.md).
 NODE_LOSS_RESULT_PREFIXES = (*FAULT_RESULT_PREFIXES, "error: unknown tool")
 
 # --- the scripted model --------------------------------------------------------------------------
