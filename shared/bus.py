@@ -372,6 +372,7 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
             await ensure_kv(
                 js, n.leases_bucket, replicas=settings.replicas, ttl=settings.lease_ttl_seconds, set_ttl=True
             )
+            await ensure_kv(js, n.results_bucket, replicas=settings.replicas, ttl=settings.results_ttl_seconds)
             return
         except Exception as e:
             if not is_transient_setup_error(e):
@@ -434,6 +435,18 @@ def _parse_ack(data: bytes) -> PubAck:
     if ack.error is not None:
         raise JetStreamError(ack.error.code, ack.error.err_code, ack.error.description)
     return PubAck(stream=ack.stream, seq=ack.seq, duplicate=ack.duplicate, batch_size=ack.count)
+
+
+async def is_gone(nc: NATS, subject: str, *, timeout: float) -> bool:
+    """True only if nobody listens on ``subject`` (NATS "no responders": the process or its connection
+    is gone). An answer, or none in time (a stopped or busy process may come back), is False."""
+    try:
+        await nc.request(subject, b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return True
+    except (nats.errors.TimeoutError, TimeoutError):
+        return False
+    return False
 
 
 async def request_with_grace(

@@ -22,7 +22,7 @@ from shared.bus import request_with_grace
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
 from shared.content import UserMessage
 from shared.errors import ErrorKind
-from shared.events import Event, Limits
+from shared.events import Event, Limits, RetryPolicy
 from shared.protocol import (
     AnswerRequest,
     ApiReply,
@@ -175,6 +175,8 @@ class LoopClient:
         default_policy: str | None = None,
         limits: Limits | None = None,
         command_id: str | None = None,
+        on_unknown: str | None = None,
+        retries: dict[str, RetryPolicy] | None = None,
     ) -> ApiResult:
         """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL."""
         loop_id = loop_id or _new_id()
@@ -187,6 +189,8 @@ class LoopClient:
             policy=policy,
             default_policy=default_policy,
             limits=limits,
+            on_unknown=on_unknown,
+            retries=retries,
         )
         return await self._call(loop_id, "start", req, cid)
 

@@ -76,6 +76,8 @@ GATE_ACTIONS: Final = ("approve", "approve_always", "deny", "reply", "abandoned"
 PERMISSION_EFFECTS: Final = ("approve", "deny")
 PERMISSION_REASONS: Final = ("policy_allow", "policy_deny", "always_allowed", "gate_approved", "gate_denied")
 DECISION_EFFECTS: Final = ("approve", "deny", "reply")
+ON_UNKNOWN_OUTCOMES: Final = ("error", "ask")
+GATE_REASONS: Final = ("", "outcome_unknown")
 
 
 class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -86,6 +88,15 @@ class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_
     max_parallel: int = 8
     max_result_bytes: int = 0
     max_tokens: int = 0  # 0 = provider default
+
+
+class RetryPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """How a call that ended without a tool answer (worker crashed, no live workers, deadline) is sent
+    again. Applies only to read-only or idempotent tools; a tool's own error result is never retried."""
+
+    max_attempts: int = 1  # 1 = no retry
+    initial_backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 2.0
 
 
 class TurnError(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -130,6 +141,9 @@ class Gate(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_on
     tool_use_id: str = ""
     tool_name: str = ""
     step: SuspendedStep | None = None
+    # "outcome_unknown": the call may have run already (its step ran before and left no result);
+    # approving runs it again. Empty for an ordinary permission or user-input gate.
+    reason: str = ""
 
 
 class PermissionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -158,6 +172,12 @@ class LoopStarted(Event):
     policy: dict[str, str] = msgspec.field(default_factory=dict)
     default_policy: str = "allow"
     limits: Limits = msgspec.field(default_factory=Limits)
+    # A call that may have run but left no recorded result when its step runs again, of a tool that
+    # is neither read-only nor idempotent: "error" (the model reads that the outcome is unknown) or
+    # "ask" (an operator gate: approve runs it again).
+    on_unknown: str = "error"
+    # Per tool name: overrides the retry policy the tool declares.
+    retries: dict[str, RetryPolicy] = msgspec.field(default_factory=dict)
 
 
 class InputSubmitted(Event):
@@ -248,6 +268,7 @@ class ToolCallStarted(Event):
     tool_name: str = ""
     tool_use_id: str = ""
     summary: str = ""
+    replayed: bool = False  # the call finished before (its recorded result is used; nothing runs)
 
 
 class ToolCallCompleted(Event):
@@ -255,6 +276,7 @@ class ToolCallCompleted(Event):
     is_error: bool = False
     result_preview: str = ""
     duration_ms: int = 0
+    replayed: bool = False
 
 
 class ToolCallProgress(Event):

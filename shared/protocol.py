@@ -24,7 +24,7 @@ import msgspec
 from shared import strictjson
 from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
-from shared.events import Limits
+from shared.events import Limits, RetryPolicy
 from shared.shaping import bounded_diagnostic
 
 __all__ = [
@@ -178,6 +178,8 @@ class StartRequest(_Wire):
     policy: dict[str, str] | None = None
     default_policy: str | None = None
     limits: Limits | None = None
+    on_unknown: str | None = None
+    retries: dict[str, RetryPolicy] | None = None
 
 
 class InputRequest(_Wire):

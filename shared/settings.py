@@ -28,6 +28,7 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_DEMO_CHUNK_DELAY": "seconds the demo model pauses between streamed chunks (default 0; loopwire demo sets it)",
     "LW_MODEL_STEP_CONCURRENCY": "loops one model-step replica drives at once (default 16)",
     "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 2; a stopped replica's loops move after it)",
+    "LW_RESULTS_TTL_SECONDS": "how long recorded step plans and tool results are kept (default 604800 = 7 days)",
     "LW_TOOL_ROOT": "root directory of read_file / list_dir (default the current directory)",
     "LW_HTTP_ALLOW": "comma-separated hosts http_get may reach (default loopback only)",
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
@@ -86,6 +87,8 @@ class Settings:
     demo_chunk_delay: float = 0.0
     model_step_concurrency: int = 16
     lease_ttl_seconds: float = 2.0
+    # Longer than any step stays uncommitted (a step parked at a gate waits for an operator).
+    results_ttl_seconds: float = 7 * 24 * 3600.0
     tool_root: str = "."
     http_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
     tool_timeout_seconds: float = 60.0
@@ -129,6 +132,7 @@ class Settings:
             demo_chunk_delay=max(0.0, _float(e, "LW_DEMO_CHUNK_DELAY", d.demo_chunk_delay)),
             model_step_concurrency=_int(e, "LW_MODEL_STEP_CONCURRENCY", d.model_step_concurrency),
             lease_ttl_seconds=max(0.5, _float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds)),
+            results_ttl_seconds=max(1.0, _float(e, "LW_RESULTS_TTL_SECONDS", d.results_ttl_seconds)),
             tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
             http_allow=tuple(
                 h.strip() for h in _get(e, "LW_HTTP_ALLOW", ",".join(d.http_allow)).split(",") if h.strip()

@@ -114,6 +114,26 @@ def tool_crashed(message: str) -> str:
     return bounded_diagnostic(f"error: tool crashed: {message}")
 
 
+def tool_refused(message: str) -> str:
+    return bounded_diagnostic(f"error: tool call refused: {message}")
+
+
+def outcome_unknown(name: str) -> str:
+    return bounded_diagnostic(
+        f"error: outcome unknown: {name} stopped while running and is not idempotent; not retried"
+    )
+
+
+RETRYING: Final = "; retrying in "
+
+
+def retry_notice(attempt: int, attempts: int, status: str, message: str, backoff: float) -> str:
+    """The ToolCallProgress text of an attempt that got no answer and is sent again."""
+    return bounded_diagnostic(
+        f"attempt {attempt}/{attempts} failed ({status}: {message}){RETRYING}{format_seconds(backoff)}s"
+    )
+
+
 def tool_unavailable(name: str, reason: str = "no live workers") -> str:
     return bounded_diagnostic(f"error: tool unavailable: {name} ({reason})")
 

@@ -85,6 +85,11 @@ class Names:
     def memory_bucket(self) -> str:
         return f"{self.prefix}_memory"
 
+    @property
+    def results_bucket(self) -> str:
+        """Step plans (``step.<step_id>``) and tool-call records (``tool.<tool>.<execution_id>``)."""
+        return f"{self.prefix}_results"
+
     # --- history
     def hist(self, loop_id: str) -> str:
         return f"{self.prefix}.hist.{loop_id}"
@@ -136,6 +141,10 @@ class Names:
     @property
     def work_consumer(self) -> str:
         return f"{self.prefix}_model_step"
+
+    def tool_worker(self, worker_id: str) -> str:
+        """A tool worker's liveness subject: no responders there means the process is gone."""
+        return f"{self.prefix}.toolalive.{worker_id}"
 
     def lease_holder(self, token: str) -> str:
         """A model-step replica's liveness subject: no responders there means its leases may be taken."""

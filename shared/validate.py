@@ -170,6 +170,21 @@ def _loop_started(name: str, e: Event) -> None:
     if e.default_policy not in ev.POLICY_EFFECTS:
         raise _fail(name, "default_policy", Rule.INVALID)
     _check_limits(name, e.limits)
+    if e.on_unknown not in ev.ON_UNKNOWN_OUTCOMES:
+        raise _fail(name, "on_unknown", Rule.INVALID)
+    if not isinstance(e.retries, dict) or not all(
+        isinstance(k, str) and TOOL_NAME_RE.match(k) and _retry_ok(v) for k, v in e.retries.items()
+    ):
+        raise _fail(name, "retries", Rule.INVALID)
+
+
+def _retry_ok(r: object) -> bool:
+    if not isinstance(r, ev.RetryPolicy) or isinstance(r.max_attempts, bool):
+        return False
+    if not isinstance(r.max_attempts, int) or not 1 <= r.max_attempts <= 100:
+        return False
+    lo, hi = r.initial_backoff_seconds, r.max_backoff_seconds
+    return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 <= lo <= hi <= 3600
 
 
 def _user_message(name: str, field: str, message: object) -> None:

@@ -143,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow | deny | ask for a tool (repeatable; TOOL * sets every tool)",
     )
     p.add_argument("--default-policy", choices=("allow", "deny", "ask"), help="effect for unlisted tools (allow)")
+    p.add_argument(
+        "--on-unknown",
+        choices=("error", "ask"),
+        help="a call that may have run but left no result when its step runs again, of a tool neither "
+        "read-only nor idempotent: error (the model is told, default) or ask (an operator gate)",
+    )
+    p.add_argument(
+        "--retry",
+        action="append",
+        metavar="TOOL=N[:INITIAL[:MAX]]",
+        help="retry policy of a read-only or idempotent tool: attempts, initial and maximum backoff "
+        "seconds (repeatable; overrides the tool's own)",
+    )
     p.add_argument("--max-iterations", type=int, metavar="N", help="tool steps per turn (25)")
     p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")

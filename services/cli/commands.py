@@ -27,6 +27,7 @@ from rich.text import Text
 
 from services.cli.errors import CliError
 from services.cli.render import answer_text, clip, clock_of, describe, event_json, json_line, short
+from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
 from shared.client import LoopClient
 from shared.codec import decode_event, decode_live
@@ -37,6 +38,7 @@ from shared.events import (
     Limits,
     LoopClosed,
     PermissionRequested,
+    RetryPolicy,
     TokenDelta,
     TurnDone,
     TurnFailed,
@@ -287,6 +289,45 @@ def parse_policy(items: list[str]) -> dict[str, str]:
     return policy
 
 
+def safety_of(spec: ToolSpec) -> str:
+    """The safety annotations as shown by ``loopwire tools`` (unannotated: may have side effects)."""
+    marks = [
+        label
+        for label, on in (
+            ("read-only", spec.read_only),
+            ("idempotent", spec.idempotent),
+            ("destructive", spec.destructive),
+            ("open-world", spec.open_world),
+        )
+        if on
+    ]
+    return ", ".join(marks) or "-"
+
+
+def parse_retries(items: list[str]) -> dict[str, RetryPolicy]:
+    """``TOOL=N[:INITIAL[:MAX]]`` → per-tool retry policies (attempts, backoff seconds)."""
+    out: dict[str, RetryPolicy] = {}
+    for item in items:
+        tool_name, sep, spec = item.partition("=")
+        parts = spec.split(":")
+        try:
+            if not sep or not valid_tool_name(tool_name) or not 1 <= len(parts) <= 3:
+                raise ValueError
+            attempts = int(parts[0])
+            initial = float(parts[1]) if len(parts) > 1 else RetryPolicy().initial_backoff_seconds
+            biggest = float(parts[2]) if len(parts) > 2 else max(initial, RetryPolicy().max_backoff_seconds)
+            if not 1 <= attempts <= 100 or not 0 <= initial <= biggest <= 3600:
+                raise ValueError
+        except ValueError:
+            raise CliError(
+                f"--retry wants TOOL=N[:INITIAL[:MAX]] (1 ≤ N ≤ 100, 0 ≤ INITIAL ≤ MAX ≤ 3600 s), got {item!r}"
+            ) from None
+        out[tool_name] = RetryPolicy(
+            max_attempts=attempts, initial_backoff_seconds=initial, max_backoff_seconds=biggest
+        )
+    return out
+
+
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
     policy = parse_policy(args.policy or [])
@@ -306,6 +347,8 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
             policy=policy or None,
             default_policy=args.default_policy,
             limits=limits,
+            on_unknown=args.on_unknown,
+            retries=parse_retries(args.retry or []) or None,
         )
     if args.json:
         out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id}))
@@ -606,13 +649,21 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
         out("no live tools (start one: loopwire serve tool calculator)")
         return 0
     table = Table()
-    for col in ("tool", "replicas", "kind", "version", "arguments", "description"):
+    for col in ("tool", "replicas", "kind", "version", "safety", "arguments", "description"):
         table.add_column(col, no_wrap=col in ("tool", "replicas", "kind"), overflow="fold")
     for t in live:
         table.add_row(
-            *_cells(t.name, str(t.replicas), t.kind, t.version, _arguments(t.input_schema), clip(t.description, 60))
+            *_cells(
+                t.name,
+                str(t.replicas),
+                t.kind,
+                t.version,
+                safety_of(t),
+                _arguments(t.input_schema),
+                clip(t.description, 60),
+            )
         )
     for name, specs in conflicts.items():
-        table.add_row(*_cells(name, "-", "", "conflict", "", ", ".join(sorted(s.version for s in specs))))
+        table.add_row(*_cells(name, "-", "", "conflict", "", "", ", ".join(sorted(s.version for s in specs))))
     make_console().print(table)
     return 0

@@ -35,6 +35,7 @@ from shared.events import (
     TURN_FAILED_KINDS,
     Event,
 )
+from shared.results import CallRecord, StepPlan
 
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 ASYNCAPI_VERSION: Final = "3.0.0"
@@ -56,6 +57,8 @@ TOOL_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
     tool_protocol.ResultBody,
     tool_protocol.ProgressBody,
     tool_protocol.ErrorBody,
+    CallRecord,
+    StepPlan,
 )
 # Component names where two types share a class name.
 _RENAME: Final = {
@@ -93,6 +96,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "ResultBody": "Final reply of a tool call that ran (Lw-Reply: result).",
     "ProgressBody": "Heartbeat or progress reply of a running tool call (Lw-Reply: progress).",
     "ToolErrorBody": "Final reply of a tool call that did not complete on the worker (Lw-Reply: error).",
+    "CallRecord": "KV value under {prefix}_results key tool.<tool_name>.<execution_id>: state started (written "
+    "before a tool that is neither read-only nor idempotent begins) or done (with the final reply kind and body, "
+    "written before the reply is sent); args_digest = hex BLAKE2b-128 of the argument bytes.",
+    "StepPlan": "KV value under {prefix}_results key step.<step_id>: a step's model decision, written before "
+    "any of its calls is sent; a re-run of the step continues it instead of asking the model again.",
 }
 
 
@@ -334,6 +342,8 @@ def asyncapi_document() -> dict[str, Any]:
         "KV value: the holder of a loop's lease, '<liveness token> <host>:<pid>'; created with the bucket's TTL.",
         {"type": "string"},
     )
+    plain("ToolCallRecord", DESCRIPTIONS["CallRecord"], {"$ref": "#/components/schemas/CallRecord"})
+    plain("StepPlanRecord", DESCRIPTIONS["StepPlan"], {"$ref": "#/components/schemas/StepPlan"})
     plain("LeaseHolderPing", "Empty request: is this lease holder's connection alive? (empty reply)", {})
 
     loop_p = _param("loop id (canonical lowercase UUID)")
@@ -423,6 +433,26 @@ def asyncapi_document() -> dict[str, Any]:
             "expected sequence is the fence.",
             "parameters": {"prefix": prefix_p, "loop_id": loop_p},
             "messages": {"LoopLease": _msg_ref("LoopLease")},
+        },
+        "callRecords": {
+            "address": f"$KV.{n.results_bucket}.tool.{{tool_name}}.{{execution_id}}",
+            "title": "tool-call records",
+            "description": f"JetStream KV bucket {d.results_bucket} (<prefix>_results): a call whose record is done "
+            "is answered from it and never runs again; one recorded with another argument digest is refused.",
+            "parameters": {
+                "prefix": prefix_p,
+                "tool_name": _param("tool name"),
+                "execution_id": _param("tool_execution_id of the call"),
+            },
+            "messages": {"ToolCallRecord": _msg_ref("ToolCallRecord")},
+        },
+        "stepPlans": {
+            "address": f"$KV.{n.results_bucket}.step.{{step_id}}",
+            "title": "step plans",
+            "description": f"JetStream KV bucket {d.results_bucket} (<prefix>_results): written by model-step "
+            "before a step's first tool call is sent.",
+            "parameters": {"prefix": prefix_p, "step_id": _param("step id")},
+            "messages": {"StepPlanRecord": _msg_ref("StepPlanRecord")},
         },
         "leaseHolder": {
             "address": n.lease_holder("{token}"),

@@ -267,6 +267,8 @@ class LoopApi:
             policy=dict(req.policy or {}),
             default_policy=req.default_policy or "allow",
             limits=req.limits if req.limits is not None else Limits(),
+            on_unknown=req.on_unknown or "error",
+            retries=dict(req.retries or {}),
         )
         _check(e)
         return e

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,10 @@ from services.model_step.models.base import (
 )
 from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
+from services.tools.client import CallOutcome, outcome_of
 from shared import events as ev
 from shared import shaping
+from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live, encode_live
 from shared.content import AIMessage, Message, ToolResultMessage, clone, clone_messages
@@ -43,6 +46,7 @@ from shared.errors import LoopwireError
 from shared.events import Cause, Event, make, new_id
 from shared.history import GateState, LoopHistory, OpenTurn, load
 from shared.protocol import ConflictError, RemoteError, UnavailableError
+from shared.results import DONE, ResultStore, StepPlan, args_digest
 from shared.settings import Settings
 from shared.strictjson import is_strict, loads
 
@@ -59,6 +63,18 @@ class CommitRefused(Exception):
     """The committer refused a group as invalid or too large: a bug or an oversized step."""
 
 
+# Decision reasons of a re-run step's calls, and the gate reason of an unknown outcome.
+RECORDED_RESULT = "recorded_result"
+OUTCOME_UNKNOWN = "outcome_unknown"
+RERUN_APPROVED = "rerun_approved"
+GATE_OUTCOME_UNKNOWN = "outcome_unknown"
+OUTCOME_UNKNOWN_SUMMARY = "outcome unknown (may have run already), run again? "
+ON_UNKNOWN_ASK = "ask"
+RECORD_POLL_SECONDS = 0.1
+WORKER_PING_SECONDS = 0.5
+_RECORDED, _UNKNOWN = "recorded", "unknown"
+
+
 @dataclass
 class Planned:
     """One call of the step with its authorisation outcome."""
@@ -67,6 +83,7 @@ class Planned:
     execution_id: str
     decision: ev.Decision | None = None  # None: pre-execution failure decided by the executor
     permission_event: ev.PermissionDecided | None = None
+    recorded: CallOutcome | None = None  # finished in an earlier run of the step: its outcome stands
 
 
 @dataclass
@@ -77,6 +94,8 @@ class LoopDriver:
     models: ModelFactory
     tools: Any  # services.tools registry (live specs)
     execute: Callable[..., Awaitable[list[ToolResultMessage]]]
+    # Step plans and tool-call records (None: not recorded, e.g. tests of the driver alone).
+    results: ResultStore | None = None
     cache: dict[str, LoopHistory] = field(default_factory=dict)
     # Per loop: (the fold it was made from, its message count, private copies of its messages) — the
     # model's view, extended by the new messages only instead of cloning the whole history every step.
@@ -318,6 +337,13 @@ class LoopDriver:
         t = h.open_turn
         assert t is not None and h.config is not None
         step_id = step_id_for(t.turn_id, t.steps)
+        if self.results is not None:
+            plan = await self.results.plan(step_id)
+            if plan is not None and plan.loop_id == h.loop_id and plan.turn_id == t.turn_id:
+                # This step ran before (its model-step stopped before committing it): continue the
+                # recorded decision instead of asking the model again, whose new calls would be new ids.
+                await self._authorise_and_run(h, t, step_id, plan.step, rerun=True)
+                return
         try:
             model = self.models(h.config.model or self.settings.model)
         except ModelError as e:
@@ -382,6 +408,12 @@ class LoopDriver:
             )
             return
         suspended = ev.SuspendedStep(message=stored, calls=raw, decisions=[], iteration=iterations, calls_so_far=calls)
+        if self.results is not None:
+            if guard is not None:
+                guard.check()
+            await self.results.record_plan(
+                StepPlan(loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, step=suspended)
+            )
         await self._authorise_and_run(h, t, step_id, suspended)
 
     async def _resume(self, h: LoopHistory, g: GateState) -> None:
@@ -390,12 +422,13 @@ class LoopDriver:
         assert t is not None and g.resolved is not None and g.gate.step is not None
         s = g.gate.step
         effect = gate_effect(g.resolved)
+        unknown = g.gate.reason == GATE_OUTCOME_UNKNOWN
         if effect == "approve":
             d = ev.Decision(
                 tool_use_id=g.gate.tool_use_id,
                 tool_execution_id=g.tool_execution_id,
                 effect="approve",
-                reason="gate_approved",
+                reason=RERUN_APPROVED if unknown else "gate_approved",
             )
         elif effect == "reply":
             d = ev.Decision(
@@ -412,7 +445,7 @@ class LoopDriver:
                 tool_execution_id=g.tool_execution_id,
                 effect="deny",
                 reason="gate_denied",
-                text=shaping.permission_denied(why),
+                text=shaping.outcome_unknown(g.gate.tool_name) if unknown else shaping.permission_denied(why),
             )
         resumed = ev.SuspendedStep(
             message=s.message,
@@ -421,7 +454,8 @@ class LoopDriver:
             iteration=s.iteration,
             calls_so_far=s.calls_so_far,
         )
-        await self._authorise_and_run(h, t, g.step_id, resumed)
+        # Calls of this step may have been sent before the gate's answer came (a re-run after a stop).
+        await self._authorise_and_run(h, t, g.step_id, resumed, rerun=True)
 
     def _model_view(self, h: LoopHistory) -> list[Message]:
         """Private copies of the history's messages for the model (the fold is never shared with it).
@@ -454,8 +488,16 @@ class LoopDriver:
             return None
         return self.tools.get(name)
 
-    async def _authorise_and_run(self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep) -> None:
-        """Authorise every call in call order (opening at most one gate), then run the batch and commit."""
+    async def _authorise_and_run(
+        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, *, rerun: bool = False
+    ) -> None:
+        """Authorise every call in call order (opening at most one gate), then run the batch and commit.
+
+        ``rerun``: calls of this step may have been sent before (the step is continued from its plan
+        or a gate); each call's record decides — finished: its outcome is reused; possibly run but
+        unfinished: run again only if the tool is read-only or idempotent, else the loop's
+        ``on_unknown`` (an error result, or a gate).
+        """
         decided = {d.tool_use_id: d for d in s.decisions}
         grants = always_allowed(h)
         planned: list[Planned] = []
@@ -463,6 +505,28 @@ class LoopDriver:
             exec_id = execution_id_for(step_id, call.id)
             p = Planned(call=call, execution_id=exec_id)
             planned.append(p)
+            if rerun and self.results is not None and not call.minted_id:
+                prior = await self._prior(h, p)
+                if prior == _RECORDED:
+                    p.decision = ev.Decision(
+                        tool_use_id=call.id, tool_execution_id=exec_id, effect="approve", reason=RECORDED_RESULT
+                    )
+                    continue
+                known = decided.get(call.id)
+                if prior == _UNKNOWN and not (known is not None and known.reason in (RERUN_APPROVED, "gate_denied")):
+                    spec = self._spec(h, call.name)
+                    if not (getattr(spec, "read_only", False) or getattr(spec, "idempotent", False)):
+                        if h.config is not None and h.config.on_unknown == ON_UNKNOWN_ASK:
+                            await self._open_gate(h, t, step_id, s, p, spec, kind="permission", unknown=True)
+                            return
+                        p.decision = ev.Decision(
+                            tool_use_id=call.id,
+                            tool_execution_id=exec_id,
+                            effect="deny",
+                            reason=OUTCOME_UNKNOWN,
+                            text=shaping.outcome_unknown(call.name),
+                        )
+                        continue
             if call.id in decided:
                 p.decision = decided[call.id]
                 continue
@@ -508,9 +572,34 @@ class LoopDriver:
             limits=h.config.limits if h.config else ev.Limits(),
             spec_of=lambda name: self._spec(h, name),
             fence=guard,
+            retries=h.config.retries if h.config else None,
         )
         results = _fit_results(s.message, results, self._max_record)
         await self._commit_tool_step(h, t, step_id, s.message, planned, results)
+
+    async def _prior(self, h: LoopHistory, p: Planned) -> str:
+        """What an earlier run of the step left of this call: "" (nothing: it never started, or it
+        was sent with other arguments, which its worker refuses), recorded, or unknown."""
+        assert self.results is not None
+        rec = await self.results.call(p.call.name, p.execution_id)
+        if rec is None or rec.args_digest != args_digest(p.call.input.encode()):
+            return ""
+        if rec.state != DONE:
+            # Started and not done: maybe still running on its worker (our predecessor stopped, not
+            # the worker) — then its result comes within the call's deadline, unless the worker is gone.
+            spec = self.tools.get(p.call.name)
+            timeout = float(getattr(spec, "timeout_seconds", self.settings.tool_timeout_seconds))
+            left = rec.started_ms / 1000 + timeout + 3 * self.settings.heartbeat_seconds - time.time()
+            until = time.monotonic() + max(0.0, left)
+            while rec.state != DONE:
+                if time.monotonic() >= until or await is_gone(
+                    self.nc, self.settings.names.tool_worker(rec.worker_id), timeout=WORKER_PING_SECONDS
+                ):
+                    return _UNKNOWN
+                await anyio.sleep(RECORD_POLL_SECONDS)
+                rec = await self.results.call(p.call.name, p.execution_id) or rec
+        p.recorded = outcome_of(rec.reply_kind, bytes(rec.reply), rec.worker_id)
+        return _RECORDED
 
     def _decided(
         self, h: LoopHistory, t: OpenTurn, step_id: str, p: Planned, effect: str, reason: str
@@ -527,7 +616,16 @@ class LoopDriver:
         )
 
     async def _open_gate(
-        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, p: Planned, spec: Any, *, kind: str
+        self,
+        h: LoopHistory,
+        t: OpenTurn,
+        step_id: str,
+        s: ev.SuspendedStep,
+        p: Planned,
+        spec: Any,
+        *,
+        kind: str,
+        unknown: bool = False,
     ) -> None:
         gate_id = new_id()
         common: dict[str, Any] = {
@@ -548,14 +646,21 @@ class LoopDriver:
                 request=ev.PermissionRequest(
                     gate_id=gate_id,
                     tool_name=p.call.name,
-                    summary=shaping.summary_for_call(p.call.name, p.call.input),
+                    summary=(OUTCOME_UNKNOWN_SUMMARY if unknown else "")
+                    + shaping.summary_for_call(p.call.name, p.call.input),
                 ),
             )
         opened = make(
             ev.GateOpened,
             **common,
             gate=ev.Gate(
-                id=gate_id, kind=kind, controls=controls, tool_use_id=p.call.id, tool_name=p.call.name, step=s
+                id=gate_id,
+                kind=kind,
+                controls=controls,
+                tool_use_id=p.call.id,
+                tool_name=p.call.name,
+                step=s,
+                reason=GATE_OUTCOME_UNKNOWN if unknown else "",
             ),
         )
 

@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
-from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT
+from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT, is_gone
 from shared.errors import LoopwireError
 from shared.subjects import Names
 
@@ -205,13 +205,8 @@ class Leases:
         holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
         if holder == self.token or not holder or entry.revision is None:
             return None  # another drive in this process holds it
-        try:
-            await self.nc.request(self.names.lease_holder(holder), b"", timeout=PING_SECONDS)
-            return None  # alive
-        except nats.errors.NoRespondersError:
-            pass  # no process listens for that holder any more
-        except (nats.errors.TimeoutError, TimeoutError):
-            return None  # stopped or busy: its key expires by itself
+        if not await is_gone(self.nc, self.names.lease_holder(holder), timeout=PING_SECONDS):
+            return None  # alive, or stopped or busy: its key expires by itself
         try:
             revision = int(await self.kv.update(loop_id, self.value, last=entry.revision))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):

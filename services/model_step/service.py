@@ -25,6 +25,7 @@ from services.model_step.work import WorkPuller, consumer_config, signal_work
 from shared.bus import connect, ensure_all, is_transient_setup_error
 from shared.client import CommitClient
 from shared.history import load
+from shared.results import ResultStore
 from shared.settings import Settings
 
 log = logging.getLogger("loopwire.model_step")
@@ -112,6 +113,7 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
         models=model_for,
         tools=registry,
         execute=make_executor(nc, names, registry, settings),
+        results=ResultStore(nc, names),
     )
     slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
     stop = stop or anyio.Event()

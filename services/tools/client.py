@@ -49,6 +49,7 @@ TIMEOUT: Final = "timeout"
 CRASHED: Final = "crashed"
 CANCELED: Final = "canceled"
 NOT_STARTED: Final = "not_started"
+REFUSED: Final = "refused"
 
 _NO_RESPONDERS: Final = "503"
 DEFAULT_LOSS_FACTOR: Final = 3.0
@@ -63,6 +64,27 @@ class CallOutcome:
     result: p.ResultBody | None = None
     message: str = ""
     worker_id: str = ""
+
+
+_ERROR_STATUS: Final = {
+    p.ERROR_TIMEOUT: TIMEOUT,
+    p.ERROR_CANCELED: CANCELED,
+    p.ERROR_NOT_STARTED: NOT_STARTED,
+    p.ERROR_REFUSED: REFUSED,
+}
+
+
+def outcome_of(kind: str, body: bytes, worker: str = "") -> CallOutcome:
+    """A final reply (``result`` or ``error``, live or recorded) as a call outcome."""
+    try:
+        if kind == p.REPLY_RESULT:
+            return CallOutcome(OK, result=p.decode_result(body), worker_id=worker)
+        if kind == p.REPLY_ERROR:
+            err = p.decode_error(body)
+            return CallOutcome(_ERROR_STATUS.get(err.kind, CRASHED), message=err.message or err.kind, worker_id=worker)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        return CallOutcome(CRASHED, message=f"unreadable {kind} reply: {e}", worker_id=worker)
+    return CallOutcome(CRASHED, message=f"unexpected reply kind {kind!r}", worker_id=worker)
 
 
 class ToolClient:
@@ -176,27 +198,17 @@ class ToolClient:
                     return CallOutcome(UNAVAILABLE, message="no live workers")
                 worker = headers.get(H_WORKER_ID, worker)
                 kind = headers.get(H_REPLY_KIND, "")
-                try:
-                    if kind == p.REPLY_PROGRESS:
+                if kind == p.REPLY_PROGRESS:
+                    try:
                         progress = p.decode_progress(msg.data)
-                        if progress.heartbeat_seconds > 0:
-                            interval = max(self.heartbeat_seconds, progress.heartbeat_seconds)
-                        if progress.message and on_progress is not None:
-                            await on_progress(progress.message)
-                        continue
-                    if kind == p.REPLY_RESULT:
-                        return CallOutcome(OK, result=p.decode_result(msg.data), worker_id=worker)
-                    if kind == p.REPLY_ERROR:
-                        err = p.decode_error(msg.data)
-                        status = {
-                            p.ERROR_TIMEOUT: TIMEOUT,
-                            p.ERROR_CANCELED: CANCELED,
-                            p.ERROR_NOT_STARTED: NOT_STARTED,
-                        }.get(err.kind, CRASHED)
-                        return CallOutcome(status, message=err.message or err.kind, worker_id=worker)
-                except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                    return CallOutcome(CRASHED, message=f"unreadable {kind} reply: {e}", worker_id=worker)
-                return CallOutcome(CRASHED, message=f"unexpected reply kind {kind!r}", worker_id=worker)
+                    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                        return CallOutcome(CRASHED, message=f"unreadable {kind} reply: {e}", worker_id=worker)
+                    if progress.heartbeat_seconds > 0:
+                        interval = max(self.heartbeat_seconds, progress.heartbeat_seconds)
+                    if progress.message and on_progress is not None:
+                        await on_progress(progress.message)
+                    continue
+                return outcome_of(kind, msg.data, worker)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 await self.cancel(ids.execution_id, reply)

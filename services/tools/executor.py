@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -47,11 +47,20 @@ import msgspec
 
 from services.tools import client as cl
 from services.tools.protocol import CallIds
-from services.tools.spec import valid_tool_name
+from services.tools.spec import retry_policy, valid_tool_name
 from shared import shaping
 from shared.codec import encode_live
 from shared.content import ToolResultMessage
-from shared.events import Decision, Event, Limits, RawToolUse, ToolCallCompleted, ToolCallProgress, ToolCallStarted
+from shared.events import (
+    Decision,
+    Event,
+    Limits,
+    RawToolUse,
+    RetryPolicy,
+    ToolCallCompleted,
+    ToolCallProgress,
+    ToolCallStarted,
+)
 from shared.events import type_name as event_type_name
 from shared.settings import Settings
 from shared.strictjson import StrictJSONError, loads
@@ -65,7 +74,11 @@ Publisher = Callable[[Event], Awaitable[None]]
 
 
 class CallPlan(Protocol):
-    """What the executor reads of a planned call (the model-step's own type fits structurally)."""
+    """What the executor reads of a planned call (the model-step's own type fits structurally).
+
+    A plan may also carry ``recorded`` (a :class:`~services.tools.client.CallOutcome`): the call
+    finished in an earlier run of its step, so its recorded outcome is used and nothing is sent.
+    """
 
     @property
     def call(self) -> RawToolUse: ...
@@ -82,6 +95,7 @@ class PlannedCall:
     call: RawToolUse
     execution_id: str
     decision: Decision | None = None
+    recorded: cl.CallOutcome | None = None
 
     @classmethod
     def approved(cls, call: RawToolUse, execution_id: str) -> PlannedCall:
@@ -120,10 +134,13 @@ class _Item:
     is_error: bool = False
     write_key: str | None = None
     started: float = field(default_factory=time.monotonic)
+    replayed: bool = False
 
 
 # How often a call that reached its worker too late to start is sent again.
 NOT_STARTED_RESENDS: Final = 3
+# Outcomes a retry policy sends again: the tool gave no answer. A tool's own error result never is.
+RETRIED: Final = frozenset({cl.CRASHED, cl.UNAVAILABLE, cl.TIMEOUT})
 
 
 class Fence(Protocol):
@@ -158,6 +175,13 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
         item.text, item.is_error = decision.text, False
         return
     spec = spec_of(use.name) if valid_tool_name(use.name) else None
+    recorded: cl.CallOutcome | None = getattr(item.plan, "recorded", None)
+    if recorded is not None and decision is not None and decision.effect == "approve":
+        # It finished in an earlier run of this step: that outcome stands (even if the tool is gone now).
+        timeout = float(getattr(spec, "timeout_seconds", 0.0) or 0.0)
+        item.text, item.is_error = normalise(use.name, timeout, recorded)
+        item.replayed = True
+        return
     if spec is None:
         item.text, item.is_error = shaping.unknown_tool(use.name), True
         return
@@ -195,8 +219,12 @@ async def run_batch(
     on_unavailable: Callable[[str], None] | None = None,
     traceparent: str = "",
     fence: Fence | None = None,
+    retries: Mapping[str, RetryPolicy] | None = None,
 ) -> list[ToolResultMessage]:
     """Run one step's calls; one result per call, in call order (see the module docstring).
+
+    ``retries``: per tool, the loop's override of the tool's retry policy (only read-only and
+    idempotent tools are ever retried; see :func:`services.tools.spec.retry_policy`).
 
     ``fence`` (the caller's lease): no call is sent once it stops holding — such calls end as
     canceled, and the caller, which checks its lease before committing, commits nothing — and
@@ -221,6 +249,7 @@ async def run_batch(
             tool_name=item.plan.call.name,
             tool_use_id=item.plan.call.id,
             summary=item.summary,
+            replayed=item.replayed,
         )
 
     items = [
@@ -246,6 +275,7 @@ async def run_batch(
                 is_error=item.is_error,
                 result_preview=shaping.result_preview(item.text),
                 duration_ms=int((time.monotonic() - item.started) * 1000),
+                replayed=item.replayed,
             )
         )
 
@@ -279,22 +309,36 @@ async def run_batch(
             execution_id=item.plan.execution_id,
             traceparent=traceparent,
         )
-        for _attempt in range(NOT_STARTED_RESENDS + 1):
-            outcome = await client.call(
-                use.name,
-                use.input.encode(),
-                ids=call_ids,
-                timeout=float(spec.timeout_seconds),
-                on_progress=on_progress,
-                start_by_ms=fence.start_by_ms() if fence is not None else None,
-            )
-            # Not started because it reached the worker late (a stopped or backlogged worker): it
-            # never ran, so send it again while our lease holds.
-            if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
+        policy = retry_policy(spec, (retries or {}).get(use.name))
+        backoff = policy.initial_backoff_seconds
+        attempt = 1
+        while True:
+            for _resend in range(NOT_STARTED_RESENDS + 1):
+                outcome = await client.call(
+                    use.name,
+                    use.input.encode(),
+                    ids=call_ids,
+                    timeout=float(spec.timeout_seconds),
+                    on_progress=on_progress,
+                    start_by_ms=fence.start_by_ms() if fence is not None else None,
+                )
+                # Not started because it reached the worker late (a stopped or backlogged worker): it
+                # never ran, so send it again while our lease holds.
+                if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
+                    break
+            if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
+                on_unavailable(use.name)
+            if outcome.status not in RETRIED or attempt >= policy.max_attempts:
                 break
+            if fence is not None and not fence.held:
+                break
+            await on_progress(
+                shaping.retry_notice(attempt, policy.max_attempts, outcome.status, outcome.message, backoff)
+            )
+            await anyio.sleep(backoff)
+            backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
+            attempt += 1
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-        if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
-            on_unavailable(use.name)
         await complete(item)
 
     runnable = [it for it in items if it.text is None]
@@ -341,6 +385,8 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
         return shaping.tool_timed_out(timeout), True
     if outcome.status in (cl.CANCELED, cl.NOT_STARTED):
         return shaping.TOOL_CALL_CANCELED, True
+    if outcome.status == cl.REFUSED:
+        return shaping.tool_refused(outcome.message), True
     return shaping.tool_crashed(outcome.message or "no result"), True
 
 
@@ -384,6 +430,7 @@ class Executor:
         spec_of: SpecOf | None = None,
         traceparent: str = "",
         fence: Fence | None = None,
+        retries: Mapping[str, RetryPolicy] | None = None,
     ) -> list[ToolResultMessage]:
         lim = limits or Limits()
         return await run_batch(
@@ -399,6 +446,7 @@ class Executor:
             on_unavailable=getattr(self.registry, "mark_no_workers", None),
             traceparent=traceparent,
             fence=fence,
+            retries=retries,
         )
 
     async def close(self) -> None:

@@ -45,6 +45,8 @@ ERROR_INTERNAL: Final = "internal"
 # Arrived after its Lw-Start-By (e.g. the worker was stopped while it waited): never started. The
 # caller sends it again if it still holds its lease.
 ERROR_NOT_STARTED: Final = "not_started"
+# The execution id has a recorded call with other arguments: never run (a caller bug or a forged id).
+ERROR_REFUSED: Final = "refused"
 
 
 class ResultBody(msgspec.Struct, kw_only=True):

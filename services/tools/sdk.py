@@ -38,6 +38,7 @@ from services.tools.protocol import CallIds, ResultBody
 from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
 from shared import shaping
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
+from shared.events import RetryPolicy
 from shared.settings import Settings
 
 log = logging.getLogger("loopwire.tools")
@@ -140,6 +141,11 @@ class Tool:
     write_target: str = ""
     timeout: float | None = None
     kind: str = KIND_FUNCTION
+    read_only: bool = False
+    idempotent: bool = False
+    destructive: bool = False
+    open_world: bool = False
+    retry: RetryPolicy | None = None
     takes_context: bool = False
     is_async: bool = False
     input_schema: dict[str, Any] = field(default_factory=dict)
@@ -154,6 +160,13 @@ class Tool:
             raise ValueError(f"write_target {self.write_target!r} is not a field of {self.input_type.__name__}")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError("timeout must be > 0 seconds")
+        if self.read_only and self.destructive:
+            raise ValueError("a tool cannot be both read_only and destructive")
+        if (r := self.retry) is not None:
+            if r.max_attempts < 1 or not 0 <= r.initial_backoff_seconds <= r.max_backoff_seconds:
+                raise ValueError("retry: max_attempts ≥ 1 and 0 ≤ initial_backoff_seconds ≤ max_backoff_seconds")
+            if r.max_attempts > 1 and not (self.read_only or self.idempotent):
+                raise ValueError("retry: only a read_only or idempotent tool may be retried")
         self.input_schema = input_schema_of(self.input_type)
         self._decoder = msgspec.json.Decoder(self.input_type)
 
@@ -169,6 +182,11 @@ class Tool:
             write_target=self.write_target,
             timeout_seconds=timeout,
             kind=self.kind,
+            read_only=self.read_only,
+            idempotent=self.idempotent,
+            destructive=self.destructive,
+            open_world=self.open_world,
+            retry=self.retry,
         )
 
     def decode_args(self, raw: bytes) -> Any:
@@ -211,6 +229,11 @@ def tool(
     timeout: float | None = None,
     kind: str = KIND_FUNCTION,
     input: type[msgspec.Struct] | None = None,
+    read_only: bool = False,
+    idempotent: bool = False,
+    destructive: bool = False,
+    open_world: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -226,6 +249,11 @@ def tool(
     timeout: float | None = None,
     kind: str = KIND_FUNCTION,
     input: type[msgspec.Struct] | None = None,
+    read_only: bool = False,
+    idempotent: bool = False,
+    destructive: bool = False,
+    open_world: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. ``name`` defaults to the function's name, ``description`` to its docstring.
 
@@ -233,6 +261,11 @@ def tool(
     field; calls whose values for it are equal are serialised. ``timeout``: default deadline in
     seconds (else ``LW_TOOL_TIMEOUT_SECONDS``). ``kind="user_input"`` marks a tool the model-step
     answers through an operator gate instead of calling a worker.
+
+    Safety annotations: ``read_only`` (no side effects), ``idempotent`` (a repeat with the same
+    arguments has no further effect), ``destructive``, ``open_world``. Only a read-only or idempotent
+    tool is ever run again when its first outcome is unknown, and only such a tool is retried
+    (``retry``, default 3 attempts with backoff); see docs/tools.md.
     """
 
     def build(f: Callable[..., Any], localns: dict[str, Any]) -> Tool:
@@ -247,6 +280,11 @@ def tool(
             write_target=write_target or "",
             timeout=timeout,
             kind=kind,
+            read_only=read_only,
+            idempotent=idempotent,
+            destructive=destructive,
+            open_world=open_world,
+            retry=retry,
             takes_context=takes_ctx,
             is_async=inspect.iscoroutinefunction(f),
         )

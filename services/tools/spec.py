@@ -12,6 +12,8 @@ from typing import Any, Final
 
 import msgspec
 
+from shared.events import RetryPolicy
+
 TOOL_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 KIND_FUNCTION: Final = "function"
@@ -43,12 +45,38 @@ class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
     write_target: str = ""
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     kind: str = KIND_FUNCTION
+    # Safety annotations (the meaning of MCP's tool annotations). An unannotated tool is treated as
+    # possibly destructive: it is never run twice (see docs/tools.md, "Run at most once").
+    read_only: bool = False  # no side effects
+    idempotent: bool = False  # running it again with the same arguments has no further effect
+    destructive: bool = False  # may delete or overwrite
+    open_world: bool = False  # reaches outside systems (network, other services)
+    retry: RetryPolicy | None = None  # None: the default for its annotations (see default_retry)
+
+    @property
+    def rerun_safe(self) -> bool:
+        """Running a call again whose first outcome is unknown does no harm."""
+        return self.read_only or self.idempotent
 
     def compatibility_key(self) -> bytes:
         """What must agree between replicas of one tool (description and timeout may differ)."""
         return msgspec.json.encode(
             [self.version, self.input_schema, self.sequential, self.write_target, self.kind], order="sorted"
         )
+
+
+# Retried by default: read-only and idempotent tools; never: the others (a retry could repeat an effect).
+DEFAULT_RERUN_SAFE_RETRY: Final = RetryPolicy(max_attempts=3, initial_backoff_seconds=0.2, max_backoff_seconds=2.0)
+NO_RETRY: Final = RetryPolicy(max_attempts=1)
+
+
+def retry_policy(spec: object, override: RetryPolicy | None = None) -> RetryPolicy:
+    """The retry policy of a call: none unless the tool is read-only or idempotent; else the loop's
+    override, the tool's own declaration, or the default."""
+    if not (getattr(spec, "read_only", False) or getattr(spec, "idempotent", False)):
+        return NO_RETRY
+    declared = getattr(spec, "retry", None)
+    return override or declared or DEFAULT_RERUN_SAFE_RETRY
 
 
 class Registration(msgspec.Struct, kw_only=True):

@@ -10,7 +10,14 @@ Graceful stop (``stop`` event, e.g. SIGTERM): drain the subscriptions (no new ca
 calls already delivered to this process still run), delete the registrations, wait for every
 in-flight call to answer, then return.
 
-Idempotency (precise guarantee): within one worker process, a request whose
+Durable results (see :mod:`shared.results`): a request whose execution id has a ``done`` record
+with the same argument digest is answered with the recorded reply and does not run; one recorded with
+other arguments is refused (``error`` reply ``refused``). A tool that is neither read-only nor
+idempotent gets a ``started`` record before it begins; every result is recorded as ``done`` before the
+reply is sent. A call cut by its deadline, canceled or failed on the worker has no ``done`` record: its
+effects are unknown (the ``started`` record says it may have run).
+
+Idempotency of concurrent duplicates: within one worker process, a request whose
 ``Lw-Idempotency-Key`` and argument bytes equal those of a call that is running, or that finished
 less than :data:`IDEMPOTENCY_TTL_SECONDS` ago (at most :data:`IDEMPOTENCY_MAX_ENTRIES` remembered,
 least recently used evicted first), does not run the tool again: it gets the same final reply
@@ -24,7 +31,6 @@ has accepted, so this only matters for callers that retry.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import socket
@@ -38,6 +44,7 @@ from functools import partial
 from typing import Final, TypeVar
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NATS
@@ -50,7 +57,9 @@ from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, regist
 from services.tools.sdk import Tool, ToolContext, invoke
 from services.tools.spec import Registration
 from shared import shaping
+from shared.bus import ensure_kv
 from shared.content import TextBlock
+from shared.results import DONE, STARTED, CallRecord, ResultStore, args_digest, now_ms
 from shared.settings import Settings
 from shared.subjects import H_REPLY_KIND, H_WORKER_ID
 
@@ -70,7 +79,7 @@ _REPLY_MARGIN_BYTES: Final = 4096
 @dataclass(eq=False)
 class _Call:
     tool: Tool
-    digest: bytes
+    digest: str
     replies: list[str]
     started: float = field(default_factory=time.monotonic)
     scope: anyio.CancelScope | None = None
@@ -93,6 +102,7 @@ class Worker:
         *,
         worker_id: str | None = None,
         max_concurrency: int = 64,
+        record_results: bool = True,
     ) -> None:
         seen: set[str] = set()
         for t in tools:
@@ -113,6 +123,8 @@ class Worker:
         self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._calls_tg: TaskGroup | None = None
         self._registered = False
+        self._specs = {t.name: t.spec(settings) for t in tools}
+        self.results = ResultStore(nc, self.names) if record_results else None
         self._started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
     # --- life cycle --------------------------------------------------------------------------------
@@ -122,13 +134,26 @@ class Worker:
         kv = await self._retrying(
             "tools bucket", partial(ensure_tools_bucket, self.nc.jetstream(), self.names, self.settings.replicas)
         )
+        if self.results is not None:
+            await self._retrying(
+                "results bucket",
+                partial(
+                    ensure_kv,
+                    self.nc.jetstream(),
+                    self.names.results_bucket,
+                    replicas=self.settings.replicas,
+                    ttl=self.settings.results_ttl_seconds,
+                ),
+            )
         subs: list[Subscription] = []
         ctl: Subscription | None = None
+        alive: Subscription | None = None
         try:
             async with anyio.create_task_group() as outer:
                 async with anyio.create_task_group() as calls:
                     self._calls_tg = calls
                     ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
+                    alive = await self.nc.subscribe(self.names.tool_worker(self.worker_id), cb=self._on_alive)
                     for t in self.tools:
                         subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
                         subs.append(await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t)))
@@ -159,6 +184,8 @@ class Worker:
                     await _quietly_unsubscribe(sub)
                 if ctl is not None:
                     await _quietly_unsubscribe(ctl)
+                if alive is not None:
+                    await _quietly_unsubscribe(alive)
             self._calls_tg = None
         log.info("worker %s stopped", self.worker_id)
 
@@ -213,6 +240,12 @@ class Worker:
             return
         tg.start_soon(self._handle, t, msg)
 
+    async def _on_alive(self, msg: Msg) -> None:
+        # Callers that find a call of ours started but unfinished ask whether we still exist.
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(b"")
+
     async def _on_ctl(self, msg: Msg) -> None:
         execution_id = msg.subject.rsplit(".", 1)[-1]
         # The body names the attempt (the caller's reply subject): execution ids are derived from the
@@ -238,7 +271,7 @@ class Worker:
         if call.scope is not None:
             call.scope.cancel()
 
-    def _idem_lookup(self, key: tuple[str, str], digest: bytes) -> _Call | None:
+    def _idem_lookup(self, key: tuple[str, str], digest: str) -> _Call | None:
         now = time.monotonic()
         while self._idem:
             oldest = next(iter(self._idem.values()))
@@ -267,7 +300,25 @@ class Worker:
             stale = p.ErrorBody(kind=p.ERROR_NOT_STARTED, message="arrived after its Lw-Start-By; not started")
             await self._send(reply, p.REPLY_ERROR, p.encode(stale))
             return
-        digest = hashlib.blake2b(msg.data, digest_size=16).digest()
+        digest = args_digest(msg.data)
+        eid = ids.execution_id
+        if eid and self.results is not None:
+            try:
+                rec = await self.results.call(t.name, eid)
+            except Exception as e:
+                log.warning("worker %s: results of %s unreadable", self.worker_id, t.name, exc_info=True)
+                why = p.ErrorBody(kind=p.ERROR_INTERNAL, message=f"result records unavailable ({type(e).__name__})")
+                await self._send(reply, p.REPLY_ERROR, p.encode(why))
+                return
+            if rec is not None and rec.args_digest != digest:
+                refused = p.ErrorBody(
+                    kind=p.ERROR_REFUSED, message=f"execution {eid} was recorded with other arguments; not run"
+                )
+                await self._send(reply, p.REPLY_ERROR, p.encode(refused))
+                return
+            if rec is not None and rec.state == DONE:
+                await self._send(reply, rec.reply_kind, bytes(rec.reply))  # ran before: its recorded reply
+                return
         if key:
             same = self._idem_lookup((t.name, key), digest)
             if same is not None:
@@ -281,11 +332,15 @@ class Worker:
             self._idem[(t.name, key)] = call
             while len(self._idem) > IDEMPOTENCY_MAX_ENTRIES:
                 self._idem.popitem(last=False)
-        eid = ids.execution_id
         if eid:
             self._running[eid] = call
         try:
             kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
+            if eid and self.results is not None and kind == p.REPLY_RESULT:
+                try:
+                    await self._record(t, eid, call, DONE, kind, body)
+                except Exception:  # it ran: the caller still gets the answer (a re-run may not see it)
+                    log.warning("worker %s: result of %s not recorded", self.worker_id, t.name, exc_info=True)
         except Exception as e:  # a bug here must cost one call, never the worker
             log.exception("worker %s: call of %s failed", self.worker_id, t.name)
             kind, body = p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
@@ -327,6 +382,9 @@ class Worker:
         if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
             call.canceled = True  # this attempt's reply only: _finish forgets it, a later attempt runs
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
+        if ids.execution_id and self.results is not None and not self._specs[t.name].rerun_safe:
+            # Known as possibly run from here on: a re-run step never runs it again blindly.
+            await self._record(t, ids.execution_id, call, STARTED)
         send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
         ctx = ToolContext(
             ids=ids,
@@ -356,6 +414,20 @@ class Worker:
         if call.canceled:
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled"))
         return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_TIMEOUT, message=f"deadline passed after {timeout:g}s"))
+
+    async def _record(self, t: Tool, eid: str, call: _Call, state: str, kind: str = "", body: bytes = b"") -> None:
+        assert self.results is not None
+        rec = CallRecord(
+            tool=t.name,
+            execution_id=eid,
+            args_digest=call.digest,
+            state=state,
+            worker_id=self.worker_id,
+            started_ms=now_ms(),
+        )
+        if state == DONE:
+            rec.reply_kind, rec.reply = kind, msgspec.Raw(body)
+        await self.results.record_call(rec)
 
     def _fit(self, result: p.ResultBody) -> bytes:
         """Encode a result; one too big for a NATS message becomes head+tail truncated text."""

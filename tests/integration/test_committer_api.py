@@ -20,6 +20,7 @@ from shared.events import (
     Limits,
     LoopClosed,
     LoopStarted,
+    RetryPolicy,
     TurnInterrupted,
     TurnStarted,
     make,
@@ -101,6 +102,13 @@ async def test_start_refuses_bad_bodies(committer: Settings, nc: NATS, api: Loop
         ({"default_policy": "sometimes"}, "default_policy"),
         ({"tools": ["bad name!"]}, "tools"),
         ({"limits": Limits(max_iterations=0)}, "limits"),
+        ({"on_unknown": "retry"}, "on_unknown"),
+        ({"retries": {"calc": RetryPolicy(max_attempts=0)}}, "retries"),
+        (
+            {"retries": {"calc": RetryPolicy(max_attempts=2, initial_backoff_seconds=5, max_backoff_seconds=1)}},
+            "retries",
+        ),
+        ({"retries": {"bad name!": RetryPolicy(max_attempts=2)}}, "retries"),
     ]:
         with pytest.raises(InvalidRequestError) as err:
             await api.start(loop_id, **kwargs)  # type: ignore[arg-type]

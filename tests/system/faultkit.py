@@ -34,6 +34,7 @@ from nats.aio.msg import Msg
 
 from services.model_step.steps import step_id_for
 from shared import events as ev
+from shared import shaping
 from shared.bus import JetStreamError, JetStreamUnavailableError, direct_get_batch
 from shared.client import ApiResult, LoopClient
 from shared.codec import decode_live
@@ -133,7 +134,12 @@ ROLES: dict[str, list[str]] = {
     "tools-calculator": ["-m", "services.tools", "calculator"],
     "tools-clock": ["-m", "services.tools", "clock"],
     # records every execution it starts in the file LW_LEDGER names (tests/system/ledger_tool.py)
-    "tools-ledger": ["-m", "services.tools", "tests.system.ledger_tool:ledger"],
+    "tools-ledger": [
+        "-m",
+        "services.tools",
+        "tests.system.ledger_tool:ledger",
+        "tests.system.ledger_tool:ledger_idem",
+    ],
 }
 DEFAULT_FLEET: dict[str, int] = {"committer": 2, "model-step": 2, "tools-calc": 2, "tools-sleep": 2}
 
@@ -260,10 +266,14 @@ class LiveToolCalls:
 
     running: dict[str, tuple[str, float]] = field(default_factory=dict)  # execution id → (tool, started)
     completed_errors: Counter[str] = field(default_factory=Counter)  # result prefix → count
+    retries: int = 0  # attempts of read-only / idempotent tools that got no answer and were sent again
 
     def on_event(self, e: Event) -> None:
         if isinstance(e, ev.ToolCallStarted):
             self.running[e.tool_execution_id] = (e.tool_name, time.monotonic())
+        elif isinstance(e, ev.ToolCallProgress):
+            if shaping.RETRYING in e.message:
+                self.retries += 1
         elif isinstance(e, ev.ToolCallCompleted):
             self.running.pop(e.tool_execution_id, None)
             if e.is_error:
@@ -277,7 +287,8 @@ class LiveToolCalls:
 
     @property
     def fault_errors(self) -> int:
-        return sum(self.completed_errors.values())
+        """Calls a fault visibly hit: answered as crashed (and the like), or retried."""
+        return sum(self.completed_errors.values()) + self.retries
 
 
 class Load:
@@ -667,6 +678,7 @@ class ScenarioReport:
     max_loop_stall_seconds: float = 0.0  # one loop did not advance (normal waits included)
     client_errors: dict[str, int] = field(default_factory=dict)
     tool_fault_results: dict[str, int] = field(default_factory=dict)
+    tool_retries: int = 0  # seen on the live subjects (a retried call's result is the tool's answer)
     observer_read_errors: int = 0
     faults: list[str] = field(default_factory=list)
     fresh_loops_ok: bool = False
@@ -697,7 +709,11 @@ def format_table(reports: Sequence[ScenarioReport]) -> str:
             f"{r.max_stall_seconds:.1f}",
             f"{r.max_loop_stall_seconds:.1f}",
             ", ".join(f"{k}×{v}" for k, v in sorted(r.client_errors.items())) or "0",
-            ", ".join(f"{k.removeprefix('error: ')}×{v}" for k, v in sorted(r.tool_fault_results.items())) or "0",
+            ", ".join(
+                [f"{k.removeprefix('error: ')}×{v}" for k, v in sorted(r.tool_fault_results.items())]
+                + ([f"retried×{r.tool_retries}"] if r.tool_retries else [])
+            )
+            or "0",
             str(len(r.violations)),
         )
         for r in reports

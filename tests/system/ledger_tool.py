@@ -1,6 +1,7 @@
 """A tool that records every execution it starts, for checks made from outside the services.
 
-Served with ``python -m services.tools tests.system.ledger_tool:ledger``; each execution appends one
+Served with ``python -m services.tools tests.system.ledger_tool:ledger tests.system.ledger_tool:ledger_idem``
+(the same tool unannotated and declared idempotent); each execution appends one
 JSON line (execution id, loop, step, wall-clock start) to the file named by ``LW_LEDGER`` before it
 does anything else, then takes a moment (a window for faults to land mid-call).
 """
@@ -19,6 +20,7 @@ from services.tools.sdk import ToolContext, tool
 
 class Entry(msgspec.Struct):
     note: str = ""
+    hold: float = 0.15  # seconds the call takes after recording that it started
 
 
 def _append(line: str) -> None:
@@ -27,10 +29,10 @@ def _append(line: str) -> None:
         fh.write(line + "\n")
 
 
-@tool(name="ledger", description="records that it ran")
-async def ledger(args: Entry, ctx: ToolContext) -> str:
+async def _run(tool_name: str, args: Entry, ctx: ToolContext) -> str:
     line = json.dumps(
         {
+            "tool": tool_name,
             "execution_id": ctx.ids.execution_id,
             "loop_id": ctx.ids.loop_id,
             "step_id": ctx.ids.step_id,
@@ -39,5 +41,15 @@ async def ledger(args: Entry, ctx: ToolContext) -> str:
         }
     )
     _append(line)
-    await anyio.sleep(0.15)
+    await anyio.sleep(max(0.0, min(args.hold, 60.0)))
     return f"recorded {args.note}"
+
+
+@tool(name="ledger", description="records that it ran (may not run twice: no annotation)")
+async def ledger(args: Entry, ctx: ToolContext) -> str:
+    return await _run("ledger", args, ctx)
+
+
+@tool(name="ledger_idem", description="records that it ran (declared idempotent)", idempotent=True)
+async def ledger_idem(args: Entry, ctx: ToolContext) -> str:
+    return await _run("ledger_idem", args, ctx)

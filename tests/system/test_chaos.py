@@ -36,6 +36,7 @@ from nats.aio.client import Client as NATS
 from shared import events as ev
 from shared.bus import connect, direct_get_batch
 from shared.client import LoopClient
+from shared.content import ToolResultMessage, text_of
 from shared.history import COMMAND_EVENTS, LoopHistory, load
 from shared.natsserver import NatsCluster
 from shared.protocol import RemoteError, UnavailableError
@@ -72,11 +73,12 @@ def _use(index: int, name: str, args: dict[str, Any]) -> list[dict[str, Any]]:
 def chaos_script(turn_steps: int, turns: int) -> dict[str, Any]:
     """Turns of ``turn_steps`` tool steps then an answer, ``turns`` times over (the scripted model plays
     responses by position in the loop's history, so every later turn does tool work too). Every tool
-    step writes to the ledger; most also calculate or sleep."""
+    step writes to the ledger — the tool unannotated (may not run twice) or declared idempotent, in
+    turn; most steps also calculate or sleep."""
     responses: list[Any] = []
     for turn in range(turns):
         for k in range(turn_steps):
-            calls = _use(0, "ledger", {"note": f"turn {turn} step {k}"})
+            calls = _use(0, "ledger" if k % 2 == 0 else "ledger_idem", {"note": f"turn {turn} step {k}"})
             if k % 3 == 1:
                 calls += _use(1, "sleep", {"seconds": 0.4})
             elif k % 3 == 2:
@@ -251,6 +253,8 @@ async def test_chaos(seed: int, cluster: NatsCluster, long_run: bool, tmp_path: 
         assert r["violations"] == [], r
         assert r["stuck"] == [], r
         assert r["tool_executions_after_commit"] == 0, r
+        # A call of a tool that may not run twice never runs twice, whatever was killed when.
+        assert r["reexecutions"]["ledger"] == 0, r
 
 
 def new_ledger(work: Path) -> Path:
@@ -288,10 +292,11 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
             stuck = await wait_settled(nc, settings, loops, timeout=240.0)
             violations: list[str] = []
             after_commit = 0
-            executions: Counter[str] = Counter()
+            executions: Counter[tuple[str, str]] = Counter()
             ledger = read_ledger(ledger_file)
             for entry in ledger:
-                executions[entry["execution_id"]] += 1
+                executions[(entry["tool"], entry["execution_id"])] += 1
+            unknown = 0
             steps_total = 0
             for lp in loops:
                 events = await history(nc, settings, lp.loop_id)
@@ -309,6 +314,13 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
                 ]
                 violations += [f"{lp.loop_id[:8]}: command reflected {by_cmd[c]}×" for c in lp.unacked if by_cmd[c] > 1]
                 steps_total += sum(1 for _, e in events if isinstance(e, ev.StepDone))
+                unknown += sum(
+                    1
+                    for _, e in events
+                    if isinstance(e, ev.StepDone)
+                    for m in e.messages
+                    if isinstance(m, ToolResultMessage) and text_of(m).startswith("error: outcome unknown")
+                )
                 committed = await step_commit_times(nc, settings, lp.loop_id)
                 for entry in ledger:
                     at = committed.get(entry["step_id"]) if entry["loop_id"] == lp.loop_id else None
@@ -329,7 +341,13 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
         "inputs_mid_turn": tally.inputs_mid_turn,
         "inputs_after_turn": tally.inputs_after_turn,
         "ledger_executions": len(ledger),
-        "ledger_reexecutions": sum(n - 1 for n in executions.values() if n > 1),
+        # extra executions of one call, by tool (ledger: unannotated; ledger_idem: idempotent, which a
+        # step that runs again re-runs when the first attempt's outcome is unknown)
+        "reexecutions": {
+            t: sum(n - 1 for (tool, _), n in executions.items() if tool == t and n > 1)
+            for t in ("ledger", "ledger_idem")
+        },
+        "unknown_outcomes_committed": unknown,
         "tool_executions_after_commit": after_commit,
         "stuck": stuck,
         "violations": violations[:20],

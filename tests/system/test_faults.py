@@ -274,6 +274,7 @@ async def run_scenario(
             report.violations.append(f"{st.loop_id}: terminal {c.terminal}")
     report.steps_committed = steps
     report.tool_fault_results = dict(faults)
+    report.tool_retries = load.live.retries
     dead = f.all_running()
     report.violations.extend(f"process died: {d}" for d in dead)
     wedged = await fresh_loops_complete(nc, settings, tmp)
@@ -321,4 +322,5 @@ async def test_fault_scenario(
     assert report.steps_committed == n * 10
     if name in ("sigkill-tool-mid-call", "sigstop-tool"):
         # the fault really hit calls in flight (and they were answered as crashed, not lost)
-        assert sum(report.tool_fault_results.values()) >= 1, report.faults
+        # (sleep is read-only: a call that lost its worker is retried on another replica)
+        assert sum(report.tool_fault_results.values()) + report.tool_retries >= 1, report.faults

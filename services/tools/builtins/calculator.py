@@ -185,6 +185,10 @@ def format_number(value: Number) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-@tool(name="calculator", description="Evaluate an arithmetic expression: + - * / // % ** and parentheses.")
+@tool(
+    name="calculator",
+    description="Evaluate an arithmetic expression: + - * / // % ** and parentheses.",
+    read_only=True,
+)
 def calculator(args: CalculatorInput) -> str:
     return format_number(evaluate(args.expression))

@@ -26,7 +26,7 @@ def zone(name: str) -> ZoneInfo:
         raise ToolError(f"unknown time zone: {name!r} (use an IANA name such as 'Europe/Paris')") from None
 
 
-@tool(name="clock", description="Current date and time in an IANA time zone (default UTC).")
+@tool(name="clock", description="Current date and time in an IANA time zone (default UTC).", read_only=True)
 def clock(args: ClockInput) -> str:
     tz = zone(args.timezone)
     return f"{datetime.now(tz).isoformat(timespec='seconds')} ({args.timezone})"

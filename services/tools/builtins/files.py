@@ -43,7 +43,11 @@ def confine(root_setting: str, path: str) -> tuple[Path, Path]:
     return root, target
 
 
-@tool(name="read_file", description="Read a text file under the tool root (at most 256 KiB are returned).")
+@tool(
+    name="read_file",
+    description="Read a text file under the tool root (at most 256 KiB are returned).",
+    read_only=True,
+)
 def read_file(args: PathInput, ctx: ToolContext) -> str:
     _, target = confine(ctx.settings.tool_root, args.path)
     try:
@@ -69,7 +73,7 @@ def read_file(args: PathInput, ctx: ToolContext) -> str:
     return text
 
 
-@tool(name="list_dir", description="List a directory under the tool root (directories end with '/').")
+@tool(name="list_dir", description="List a directory under the tool root (directories end with '/').", read_only=True)
 def list_dir(args: PathInput, ctx: ToolContext) -> str:
     root, target = confine(ctx.settings.tool_root, args.path)
     if not target.is_dir():

@@ -56,7 +56,12 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-@tool(name="http_get", description="HTTP GET a URL on an allowed host and return status, content type and body.")
+@tool(
+    name="http_get",
+    description="HTTP GET a URL on an allowed host and return status, content type and body.",
+    read_only=True,
+    open_world=True,
+)
 def http_get(args: HttpGetInput, ctx: ToolContext) -> ToolOutput:
     allow = ctx.settings.http_allow
     check_url(args.url, allow)

@@ -62,7 +62,12 @@ async def _keys(kv: KeyValue, loop_id: str) -> list[str]:
     return sorted(out)
 
 
-@tool(name="kv_memory", description="Remember, recall or list short notes that persist for this loop.")
+# Idempotent: remembering the same note again, recalling and listing leave the same state.
+@tool(
+    name="kv_memory",
+    description="Remember, recall or list short notes that persist for this loop.",
+    idempotent=True,
+)
 async def kv_memory(args: MemoryInput, ctx: ToolContext) -> str:
     loop_id = ctx.loop_id
     if not _LOOP_RE.fullmatch(loop_id):

@@ -19,7 +19,7 @@ class SleepInput(msgspec.Struct, forbid_unknown_fields=True):
     seconds: float
 
 
-@tool(name="sleep", description="Sleep for the given number of seconds, then say so.")
+@tool(name="sleep", description="Sleep for the given number of seconds, then say so.", read_only=True)
 async def sleep(args: SleepInput, ctx: ToolContext) -> str:
     s = args.seconds
     if not math.isfinite(s) or s < 0 or s > MAX_SLEEP_SECONDS:

@@ -1,0 +1,138 @@
+"""Durable step plans and tool-call records: what makes a re-run step never run a finished call again.
+
+Both live in the KV bucket ``<prefix>_results`` (replicated like the streams, TTL
+``LW_RESULTS_TTL_SECONDS``, longer than any step stays uncommitted):
+
+* ``step.<step_id>`` → :class:`StepPlan`, written by the model-step (and acknowledged by JetStream)
+  before the first call of a step is sent. A step that runs again after its model-step died finds
+  the plan and continues it instead of asking the model again — a model answers differently each
+  time, and its tool-use ids name the calls (``tool_execution_id`` derives from them).
+* ``tool.<tool>.<execution_id>`` → :class:`CallRecord`, written by the tool worker: ``started``
+  before a tool that is neither read-only nor idempotent begins (so a call that may have run is
+  known as such), then ``done`` with the tool's result before the worker sends it. A call cut by its
+  deadline or canceled is never ``done``: whether it had its effect is unknown.
+
+Reads are leader reads (``STREAM.MSG.GET`` by last subject), so a record acknowledged on one server
+is seen from any other at once, also on a replicated bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Final
+
+import anyio
+import msgspec
+from nats.aio.client import Client as NATS
+
+from shared.bus import JetStreamUnavailableError, get_msg, js_publish
+from shared.events import SuspendedStep
+from shared.subjects import Names, kv_stream
+
+STARTED: Final = "started"
+DONE: Final = "done"
+# How long a record write or read retries while JetStream is unavailable (a leader election).
+RETRY_SECONDS: Final = 10.0
+_REQUEST_TIMEOUT: Final = 2.0
+
+
+class StepPlan(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A step's model decision, recorded before any of its calls is sent."""
+
+    v: int = 1
+    loop_id: str
+    turn_id: str
+    step_id: str
+    step: SuspendedStep
+
+
+class CallRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One tool call's durable state. ``reply`` is the worker's final reply body (JSON) once done."""
+
+    v: int = 1
+    tool: str
+    execution_id: str
+    args_digest: str
+    state: str  # started | done
+    worker_id: str = ""
+    started_ms: int = 0
+    reply_kind: str = ""  # result | error
+    reply: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+
+
+def args_digest(args: bytes) -> str:
+    """The argument digest a record is keyed with: BLAKE2b-128 of the argument bytes, hex."""
+    return hashlib.blake2b(args, digest_size=16).hexdigest()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_plan_decoder = msgspec.json.Decoder(StepPlan)
+_record_decoder = msgspec.json.Decoder(CallRecord)
+_encoder = msgspec.json.Encoder()
+
+
+class ResultStore:
+    """Reads and writes of ``<prefix>_results`` over raw JetStream requests."""
+
+    def __init__(self, nc: NATS, names: Names, *, retry_seconds: float = RETRY_SECONDS) -> None:
+        self.nc = nc
+        self.bucket = names.results_bucket
+        self.stream = kv_stream(self.bucket)
+        self.retry_seconds = retry_seconds
+
+    def _subject(self, key: str) -> str:
+        return f"$KV.{self.bucket}.{key}"
+
+    @staticmethod
+    def plan_key(step_id: str) -> str:
+        return f"step.{step_id}"
+
+    @staticmethod
+    def call_key(tool: str, execution_id: str) -> str:
+        return f"tool.{tool}.{execution_id}"
+
+    async def _get(self, key: str) -> bytes | None:
+        give_up = time.monotonic() + self.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                m = await get_msg(
+                    self.nc, self.stream, last_by_subj=self._subject(key), request_timeout=_REQUEST_TIMEOUT
+                )
+                return m.data if m is not None and m.data else None
+            except JetStreamUnavailableError:
+                if time.monotonic() + delay > give_up:
+                    raise
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def _put(self, key: str, value: bytes) -> None:
+        give_up = time.monotonic() + self.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                await js_publish(self.nc, self._subject(key), value, {}, request_timeout=_REQUEST_TIMEOUT)
+                return
+            except JetStreamUnavailableError:
+                if time.monotonic() + delay > give_up:
+                    raise
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def plan(self, step_id: str) -> StepPlan | None:
+        data = await self._get(self.plan_key(step_id))
+        return _plan_decoder.decode(data) if data else None
+
+    async def record_plan(self, plan: StepPlan) -> None:
+        await self._put(self.plan_key(plan.step_id), _encoder.encode(plan))
+
+    async def call(self, tool: str, execution_id: str) -> CallRecord | None:
+        data = await self._get(self.call_key(tool, execution_id))
+        return _record_decoder.decode(data) if data else None
+
+    async def record_call(self, record: CallRecord) -> None:
+        await self._put(self.call_key(record.tool, record.execution_id), _encoder.encode(record))

@@ -1,0 +1,137 @@
+"""A tool that has run is never run again: the model-step driving a call dies, another one continues.
+
+Every service is its own process on one nats-server. A loop's step calls the ledger tool (it appends
+every execution it starts to a file) for a few seconds; the model-step driving the loop is SIGKILLed
+mid-call, sometimes with the ledger worker too. Checked from the ledger and the stored records:
+
+* worker alive: the next model-step waits for the running call's recorded result — one execution,
+  the real result committed, the call marked replayed on the live subjects;
+* worker dead too, tool neither read-only nor idempotent: not run again — one execution, the
+  committed result says the outcome is unknown; with ``on_unknown=ask`` an operator gate asks, and
+  approving runs it a second time;
+* worker dead too, idempotent tool: run again — two executions, the real result committed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from nats.aio.client import Client as NATS
+
+from shared import events as ev
+from shared.bus import connect
+from shared.client import LoopClient
+from shared.codec import decode_live
+from shared.content import ToolResultMessage, text_of
+from shared.natsserver import NatsServer
+from shared.settings import Settings
+from tests import natsfixtures
+from tests.syshelpers import check_history_invariants, history, wait_history
+from tests.system import reports
+from tests.system.faultkit import Fleet, fleet, write_model
+from tests.system.test_fencing import process_of, wait_holder
+
+pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(300)]
+
+HOLD = 3.0  # seconds each ledger call takes: the window the kills land in
+
+
+def ledger_script(tool: str) -> dict[str, Any]:
+    """Step 0 calls ``tool`` (taking HOLD seconds); step 1 answers."""
+    call = [
+        {"kind": "tool_use", "index": 0, "id": "l_{k}", "name": tool},
+        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "once", "hold": HOLD})},
+        {"kind": "finish", "finish_reason": "tool_use"},
+    ]
+    return {"responses": [call, "done"], "repeat_last": True}
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def tool_events(nc: NATS, settings: Settings, loop_id: str) -> list[ev.Event]:
+    seen: list[ev.Event] = []
+
+    async def on(msg: Any) -> None:
+        seen.append(decode_live(msg.data))
+
+    await nc.subscribe(settings.names.live(loop_id, "ToolCallStarted"), cb=on)
+    await nc.subscribe(settings.names.live(loop_id, "ToolCallCompleted"), cb=on)
+    return seen
+
+
+async def committed_results(nc: NATS, settings: Settings, loop_id: str) -> list[str]:
+    events = await history(nc, settings, loop_id)
+    check_history_invariants(events)
+    out = []
+    for _, e in events:
+        if isinstance(e, ev.StepDone):
+            out += [text_of(m) for m in e.messages if isinstance(m, ToolResultMessage)]
+    return out
+
+
+async def kill_mid_call(
+    nc: NATS, f: Fleet, settings: Settings, loop_id: str, seen: list[ev.Event], *, worker_too: bool
+) -> None:
+    with anyio.fail_after(30):
+        while not any(isinstance(e, ev.ToolCallStarted) for e in seen):
+            await anyio.sleep(0.02)
+    await anyio.sleep(0.5)  # the call is running on the worker
+    holder = await wait_holder(nc, settings, loop_id)
+    process_of(f, holder).kill()
+    if worker_too:
+        for w in f.live("tools-ledger"):
+            w.kill()
+            await f.replace(w)
+
+
+CASES = {
+    # case: (tool, kill the worker too, on_unknown, executions, committed result starts with)
+    "worker alive": ("ledger", False, "error", 1, "recorded once"),
+    "worker dead, not idempotent": ("ledger", True, "error", 1, "error: outcome unknown: ledger"),
+    "worker dead, idempotent": ("ledger_idem", True, "error", 2, "recorded once"),
+    "worker dead, operator asked": ("ledger", True, "ask", 2, "recorded once"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_a_call_whose_step_runs_again_is_not_run_twice(
+    case: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    tool, worker_too, on_unknown, executions, result = CASES[case]
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file.touch()
+    model = write_model(tmp_path, ledger_script(tool), "ledger.json")
+    counts = {"committer": 1, "tools-ledger": 1, "model-step": 2}
+    with fleet(settings, counts=counts, env={"LW_LEDGER": str(ledger_file)}, log_dir=tmp_path / "logs") as f:
+        nc = await connect(settings)
+        try:
+            api = LoopClient(nc, settings.names, timeout=15)
+            loop_id = (await api.start(model=model, on_unknown=on_unknown)).loop_id
+            seen = await tool_events(nc, settings, loop_id)
+            await api.input(loop_id, "go")
+            await kill_mid_call(nc, f, settings, loop_id, seen, worker_too=worker_too)
+            if on_unknown == "ask":
+                h = await wait_history(nc, settings, loop_id, lambda h: bool(h.open_gates), timeout=60)
+                gate = h.open_gates[0].gate
+                assert gate.reason == "outcome_unknown" and gate.tool_name == tool, gate
+                await api.answer(loop_id, gate.id, "approve")
+            await wait_history(nc, settings, loop_id, lambda h: h.open_turn is None and h.turns == 1, timeout=90)
+            results = await committed_results(nc, settings, loop_id)
+        finally:
+            await nc.close()
+    ledger = read_ledger(ledger_file)
+    runs = Counter(entry["execution_id"] for entry in ledger)
+    assert len(runs) == 1 and sum(runs.values()) == executions, ledger
+    assert len(results) == 1 and results[0].startswith(result), results
+    if case == "worker alive":
+        # The second model-step used the recorded result: its events say so.
+        assert any(isinstance(e, ev.ToolCallCompleted) and e.replayed for e in seen), seen
+    reports.add_figure(f"durable results: {case}", {"executions": sum(runs.values()), "result": results[0][:60]})
