@@ -185,7 +185,10 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
     if spec is None:
         item.text, item.is_error = shaping.unknown_tool(use.name), True
         return
-    if getattr(spec, "replicas", 1) == 0:
+    if getattr(spec, "replicas", 1) == 0 and not (
+        getattr(spec, "read_only", False) or getattr(spec, "idempotent", False)
+    ):
+        # (a read-only or idempotent tool is sent anyway: its retry policy waits for a worker)
         item.text, item.is_error = shaping.tool_unavailable(use.name), True
         return
     if getattr(spec, "conflict", None):

@@ -265,7 +265,7 @@ def tool(
     Safety annotations: ``read_only`` (no side effects), ``idempotent`` (a repeat with the same
     arguments has no further effect), ``destructive``, ``open_world``. Only a read-only or idempotent
     tool is ever run again when its first outcome is unknown, and only such a tool is retried
-    (``retry``, default 3 attempts with backoff); see docs/tools.md.
+    (``retry``, default 4 attempts, backoff 0.5 s doubling up to 4 s); see docs/tools.md.
     """
 
     def build(f: Callable[..., Any], localns: dict[str, Any]) -> Tool:

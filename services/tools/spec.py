@@ -66,7 +66,8 @@ class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 
 # Retried by default: read-only and idempotent tools; never: the others (a retry could repeat an effect).
-DEFAULT_RERUN_SAFE_RETRY: Final = RetryPolicy(max_attempts=3, initial_backoff_seconds=0.2, max_backoff_seconds=2.0)
+# Four attempts over about 3.5 s of backoff: long enough for a restarted worker to register again.
+DEFAULT_RERUN_SAFE_RETRY: Final = RetryPolicy(max_attempts=4, initial_backoff_seconds=0.5, max_backoff_seconds=4.0)
 NO_RETRY: Final = RetryPolicy(max_attempts=1)
 
 

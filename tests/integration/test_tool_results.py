@@ -177,7 +177,7 @@ async def test_retry_policies_apply_to_idempotent_tools_only(nc: NATS, fast: Set
         out, events = await _run_one(nc, fast, "flaky", "x")
         assert out == "ok x" and FLAKY_SLOW["x"] == 2
         progress = [e.message for e in events if isinstance(e, ToolCallProgress)]
-        assert any(m.startswith("attempt 1/3 failed (timeout") for m in progress), progress
+        assert any(m.startswith("attempt 1/4 failed (timeout") for m in progress), progress
         # The loop's override: one attempt only.
         out, _ = await _run_one(nc, fast, "flaky", "y", retries={"flaky": RetryPolicy(max_attempts=1)})
         assert out == "error: tool timed out after 0.5s" and FLAKY_SLOW["y"] == 1

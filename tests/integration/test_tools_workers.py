@@ -22,7 +22,7 @@ from services.tools.protocol import CallIds
 from services.tools.registry import ToolRegistry
 from shared import shaping
 from shared.content import TextBlock, ToolResultMessage
-from shared.events import Event, RawToolUse
+from shared.events import Event, RawToolUse, RetryPolicy
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
 
@@ -85,7 +85,11 @@ def ids(**kw: str) -> CallIds:
     return CallIds(**{**base, **kw})
 
 
-async def batch(registry: ToolRegistry, client: cl.ToolClient, name: str, args: str) -> tuple[ToolResultMessage, float]:
+async def batch(
+    registry: ToolRegistry, client: cl.ToolClient, name: str, args: str, *, retry: bool = False
+) -> tuple[ToolResultMessage, float]:
+    """One call through the executor; ``retry``: with the tool's retry policy (default: none, so a
+    failure shows at once)."""
     events: list[Event] = []
 
     async def publish(e: Event) -> None:
@@ -102,6 +106,7 @@ async def batch(registry: ToolRegistry, client: cl.ToolClient, name: str, args: 
         client=client,
         publish=publish,
         on_unavailable=registry.mark_no_workers,
+        retries=None if retry else {name: RetryPolicy(max_attempts=1)},
     )
     return result, time.monotonic() - t0
 
@@ -227,6 +232,9 @@ async def test_stopping_all_workers_makes_the_next_call_fail_fast(
             assert view is not None and view.replicas == 0 and "clock" not in [t.name for t in registry.live()]
             r, _ = await batch(registry, client, "clock", "{}")
             assert text(r) == "error: tool unavailable: clock (no live workers)"
+            # A read-only tool's default retry policy waits a few seconds for a worker before giving up.
+            r, elapsed = await batch(registry, client, "clock", "{}", retry=True)
+            assert text(r) == "error: tool unavailable: clock (no live workers)" and 3.0 < elapsed < 6.0
             # A worker registering again makes it live at once.
             workers.start("clock")
             await registry.wait_for("clock")

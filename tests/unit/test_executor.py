@@ -239,9 +239,15 @@ async def test_result_preview_capped(fast: Settings, nc: NATS) -> None:
     big = "é" * 3000  # 6000 bytes
     lines = "\n".join(f"line {i}" for i in range(40))
     async with harness(fast, nc) as h:
-        results = await h.run([call("probe", Probe(id="big", text=big)), call("probe", Probe(id="lines", text=lines))])
+        results = await h.run(
+            [
+                call("probe", Probe(id="big", text=big), tool_id="u_big"),
+                call("probe", Probe(id="lines", text=lines), tool_id="u_lines"),
+            ]
+        )
         capped = await h.run([call("probe", Probe(id="cap", text=big))], max_result_bytes=256)
-    previews = [e.result_preview for e in h.of(ToolCallCompleted)]
+    by_use = {e.tool_use_id: e.result_preview for e in h.of(ToolCallCompleted)}  # (they complete in any order)
+    previews = [by_use["u_big"], by_use["u_lines"]]
     assert previews[0] == shaping.result_preview(big) and len(previews[0].encode()) <= 2048
     assert previews[0].endswith(shaping.TRUNCATED_MARKER)
     assert previews[1].count("\n") < 20 and previews[1].endswith(shaping.TRUNCATED_MARKER)
