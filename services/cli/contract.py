@@ -344,6 +344,7 @@ def asyncapi_document() -> dict[str, Any]:
     )
     plain("ToolCallRecord", DESCRIPTIONS["CallRecord"], {"$ref": "#/components/schemas/CallRecord"})
     plain("StepPlanRecord", DESCRIPTIONS["StepPlan"], {"$ref": "#/components/schemas/StepPlan"})
+    plain("WorkerPing", "Empty request: does this tool worker still exist? (empty reply)", {})
     plain("LeaseHolderPing", "Empty request: is this lease holder's connection alive? (empty reply)", {})
 
     loop_p = _param("loop id (canonical lowercase UUID)")
@@ -453,6 +454,14 @@ def asyncapi_document() -> dict[str, Any]:
             "before a step's first tool call is sent.",
             "parameters": {"prefix": prefix_p, "step_id": _param("step id")},
             "messages": {"StepPlanRecord": _msg_ref("StepPlanRecord")},
+        },
+        "toolWorker": {
+            "address": n.tool_worker("{worker_id}"),
+            "title": "tool-worker liveness",
+            "description": "Each tool worker answers here (empty reply); no responders means the worker process "
+            "is gone, so a call it recorded as started and never finished has an unknown outcome.",
+            "parameters": {"prefix": prefix_p, "worker_id": _param("worker id (as in its registration)")},
+            "messages": {"WorkerPing": _msg_ref("WorkerPing")},
         },
         "leaseHolder": {
             "address": n.lease_holder("{token}"),
