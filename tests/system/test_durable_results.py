@@ -15,6 +15,9 @@ mid-call, sometimes with the ledger worker too. Checked from the ledger and the 
 from __future__ import annotations
 
 import json
+import os
+import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,12 +26,13 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.model_step.steps import execution_id_for
 from shared import events as ev
 from shared.bus import connect
 from shared.client import LoopClient
 from shared.codec import decode_live
 from shared.content import ToolResultMessage, text_of
-from shared.natsserver import NatsServer
+from shared.natsserver import NatsCluster, NatsServer
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
@@ -135,3 +139,108 @@ async def test_a_call_whose_step_runs_again_is_not_run_twice(
         # The second model-step used the recorded result: its events say so.
         assert any(isinstance(e, ev.ToolCallCompleted) and e.replayed for e in seen), seen
     reports.add_figure(f"durable results: {case}", {"executions": sum(runs.values()), "result": results[0][:60]})
+
+
+# --- a storm of kills over many loops (3-node cluster, R3) ------------------------------------------
+
+STORM_LOOPS = 50
+STORM_STEPS = 10  # 9 tool steps, then the answer
+
+
+def storm_script() -> dict[str, Any]:
+    """9 tool steps — the unannotated ledger on even steps, the idempotent one on odd steps — then an answer."""
+    responses: list[Any] = []
+    for k in range(STORM_STEPS - 1):
+        tool = "ledger" if k % 2 == 0 else "ledger_idem"
+        responses.append(
+            [
+                {"kind": "tool_use", "index": 0, "id": f"l{k}_{{k}}", "name": tool},
+                {"kind": "tool_use", "index": 0, "text": json.dumps({"note": f"step {k}", "hold": 0.3})},
+                {"kind": "finish", "finish_reason": "tool_use"},
+            ]
+        )
+    responses.append("done")
+    return {"responses": responses, "repeat_last": True}
+
+
+async def test_kill_storm_never_runs_a_call_of_a_tool_that_may_not_run_twice_twice(
+    nats_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    settings = Settings.from_env(
+        {}, nats_urls=tuple(nats_cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3
+    )
+    ledger_file = tmp_path / "ledger.jsonl"
+    ledger_file.touch()
+    model = write_model(tmp_path, storm_script(), "storm.json")
+    counts = {"committer": 2, "model-step": 3, "tools-ledger": 2}
+    rng = random.Random(int(os.environ.get("LW_CHAOS_SEED", "1")))
+    kills: Counter[str] = Counter()
+    t0 = time.monotonic()
+    with fleet(
+        settings, nats_cluster, counts=counts, env={"LW_LEDGER": str(ledger_file)}, log_dir=tmp_path / "logs"
+    ) as f:
+        nc = await connect(settings)
+        try:
+            api = LoopClient(nc, settings.names, timeout=15)
+            loop_ids = [(await api.start(model=model)).loop_id for _ in range(STORM_LOOPS)]
+            for loop_id in loop_ids:
+                await api.input(loop_id, "go")
+            finished: set[str] = set()
+
+            async def kill_until_done() -> None:
+                while len(finished) < STORM_LOOPS:
+                    await anyio.sleep(rng.uniform(0.7, 2.0))
+                    roles = rng.choice([["model-step"], ["tools-ledger"], ["model-step", "tools-ledger"]])
+                    victims = [f.pick(role) for role in roles]
+                    for v in victims:
+                        v.kill()
+                        kills[v.name] += 1
+                    for v in victims:
+                        await f.replace(v)
+
+            async def wait_all() -> None:
+                for loop_id in loop_ids:
+                    await wait_history(
+                        nc, settings, loop_id, lambda h: h.turns == 1 and h.open_turn is None, timeout=240
+                    )
+                    finished.add(loop_id)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_until_done)
+                await wait_all()
+            results: dict[str, str] = {}  # execution id → committed result text
+            steps = 0
+            for loop_id in loop_ids:
+                events = await history(nc, settings, loop_id)
+                check_history_invariants(events)
+                for _, e in events:
+                    if isinstance(e, ev.StepDone):
+                        steps += 1
+                        for m in e.messages:
+                            if isinstance(m, ToolResultMessage):
+                                results[execution_id_for(e.step_id, m.tool_use_id)] = text_of(m)
+        finally:
+            await nc.close()
+    runs: Counter[tuple[str, str]] = Counter((x["tool"], x["execution_id"]) for x in read_ledger(ledger_file))
+    again = {t: sum(n - 1 for (tool, _), n in runs.items() if tool == t and n > 1) for t in ("ledger", "ledger_idem")}
+    unknown = sum(1 for text in results.values() if text.startswith("error: outcome unknown"))
+    figures = {
+        "loops": STORM_LOOPS,
+        "steps_committed": steps,
+        "seconds": round(time.monotonic() - t0, 1),
+        "kills": dict(kills),
+        "executions": sum(runs.values()),
+        "re_executions": again,
+        "unknown_outcomes": unknown,
+        "crashed_results": sum(1 for text in results.values() if text.startswith("error: tool crashed")),
+    }
+    reports.add_figure("durable results under a kill storm", figures)
+    print(figures)
+    assert steps == STORM_LOOPS * STORM_STEPS, figures
+    assert again["ledger"] == 0, figures  # a tool that may not run twice never did
+    for (tool, eid), n in runs.items():
+        # every committed real result of a call was produced by exactly one execution of it (or, for
+        # the idempotent tool, by a re-run after an unknown first outcome)
+        if results.get(eid, "").startswith("recorded") and tool == "ledger":
+            assert n == 1, (tool, eid, n)
+    assert kills, figures
