@@ -189,7 +189,7 @@ async def test_kill_storm_never_runs_a_call_of_a_tool_that_may_not_run_twice_twi
 
             async def kill_until_done() -> None:
                 while len(finished) < STORM_LOOPS:
-                    await anyio.sleep(rng.uniform(0.7, 2.0))
+                    await anyio.sleep(rng.uniform(0.2, 1.0))
                     roles = rng.choice([["model-step"], ["tools-ledger"], ["model-step", "tools-ledger"]])
                     victims = [f.pick(role) for role in roles]
                     for v in victims:
