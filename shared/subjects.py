@@ -25,6 +25,9 @@ H_IDEMPOTENCY_KEY: Final = "Lw-Idempotency-Key"
 H_DEADLINE: Final = "Lw-Deadline"
 # Unix ms after which a worker must not start the call: the caller's lease ends then.
 H_START_BY: Final = "Lw-Start-By"
+# "1": the caller knows no earlier attempt of this execution id exists (the first send of a step
+# planned just now), so the worker may skip reading the call's record.
+H_FIRST_SEND: Final = "Lw-First-Send"
 H_TRACEPARENT: Final = "traceparent"
 # Tool replies: "progress" (heartbeat) or "result"; a worker error carries "error".
 H_REPLY_KIND: Final = "Lw-Reply"

@@ -283,6 +283,10 @@ def asyncapi_document() -> dict[str, Any]:
             subjects.H_IDEMPOTENCY_KEY: ("string", "<loop_id>:<step_id>:<tool_use_id>"),
             subjects.H_DEADLINE: ("string", "deadline, unix milliseconds"),
             subjects.H_START_BY: ("string", "unix milliseconds after which the call must not start (caller's lease)"),
+            subjects.H_FIRST_SEND: (
+                "string",
+                '"1": no earlier attempt of this execution id exists (the worker skips reading its record)',
+            ),
             subjects.H_TRACEPARENT: ("string", "W3C trace context"),
         },
         [subjects.H_LOOP_ID, subjects.H_EXECUTION_ID, subjects.H_DEADLINE],

@@ -84,6 +84,7 @@ class Planned:
     decision: ev.Decision | None = None  # None: pre-execution failure decided by the executor
     permission_event: ev.PermissionDecided | None = None
     recorded: CallOutcome | None = None  # finished in an earlier run of the step: its outcome stands
+    fresh: bool = False  # the step was planned just now: no earlier attempt of the call exists
 
 
 @dataclass
@@ -108,6 +109,9 @@ class LoopDriver:
     # step was built from (the expected sequence of its commit).
     _guards: dict[str, Guard] = field(default_factory=dict)
     _basis: dict[str, int] = field(default_factory=dict)
+    # Per loop being driven: the last sequence of this drive's own latest commit. A step at that
+    # position is new: nobody else can have started it while this drive held the lease throughout.
+    _made: dict[str, int] = field(default_factory=dict)
 
     @property
     def _max_record(self) -> int:
@@ -128,6 +132,7 @@ class LoopDriver:
         finally:
             del self._guards[loop_id]
             self._basis.pop(loop_id, None)
+            self._made.pop(loop_id, None)
 
     async def _drive(self, loop_id: str) -> LoopHistory:
         names = self.settings.names
@@ -279,6 +284,8 @@ class LoopDriver:
                     # invalid / too_large: never retried blindly.
                     raise CommitRefused(str(e)) from e
                 else:
+                    if result.seqs:
+                        self._made[h.loop_id] = result.seqs[-1]
                     folded = self._fold_committed(h, events, result.seqs)
                     if folded:
                         self._basis[h.loop_id] = h.last_seq
@@ -337,7 +344,7 @@ class LoopDriver:
         t = h.open_turn
         assert t is not None and h.config is not None
         step_id = step_id_for(t.turn_id, t.steps)
-        if self.results is not None:
+        if self.results is not None and self._made.get(h.loop_id) != h.last_seq:
             plan = await self.results.plan(step_id)
             if plan is not None and plan.loop_id == h.loop_id and plan.turn_id == t.turn_id:
                 # This step ran before (its model-step stopped before committing it): continue the
@@ -503,7 +510,7 @@ class LoopDriver:
         planned: list[Planned] = []
         for call in s.calls:
             exec_id = execution_id_for(step_id, call.id)
-            p = Planned(call=call, execution_id=exec_id)
+            p = Planned(call=call, execution_id=exec_id, fresh=not rerun)
             planned.append(p)
             if rerun and self.results is not None and not call.minted_id:
                 prior = await self._prior(h, p)

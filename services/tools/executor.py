@@ -77,7 +77,9 @@ class CallPlan(Protocol):
     """What the executor reads of a planned call (the model-step's own type fits structurally).
 
     A plan may also carry ``recorded`` (a :class:`~services.tools.client.CallOutcome`): the call
-    finished in an earlier run of its step, so its recorded outcome is used and nothing is sent.
+    finished in an earlier run of its step, so its recorded outcome is used and nothing is sent; and
+    ``fresh`` (bool): its step was planned just now, so no earlier attempt of the call exists and its
+    first send tells the worker (``Lw-First-Send``).
     """
 
     @property
@@ -313,10 +315,11 @@ async def run_batch(
             traceparent=traceparent,
         )
         policy = retry_policy(spec, (retries or {}).get(use.name))
+        fresh = bool(getattr(item.plan, "fresh", False))
         backoff = policy.initial_backoff_seconds
         attempt = 1
         while True:
-            for _resend in range(NOT_STARTED_RESENDS + 1):
+            for resend in range(NOT_STARTED_RESENDS + 1):
                 outcome = await client.call(
                     use.name,
                     use.input.encode(),
@@ -324,6 +327,7 @@ async def run_batch(
                     timeout=float(spec.timeout_seconds),
                     on_progress=on_progress,
                     start_by_ms=fence.start_by_ms() if fence is not None else None,
+                    first_send=fresh and attempt == 1 and resend == 0,
                 )
                 # Not started because it reached the worker late (a stopped or backlogged worker): it
                 # never ran, so send it again while our lease holds.

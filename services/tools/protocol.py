@@ -26,6 +26,7 @@ from shared.content import Block
 from shared.subjects import (
     H_DEADLINE,
     H_EXECUTION_ID,
+    H_FIRST_SEND,
     H_IDEMPOTENCY_KEY,
     H_LOOP_ID,
     H_START_BY,
@@ -80,7 +81,9 @@ class CallIds(msgspec.Struct, kw_only=True, frozen=True):
         return f"{self.loop_id}:{self.step_id}:{self.tool_use_id}"
 
 
-def request_headers(ids: CallIds, deadline_ms: int, start_by_ms: int | None = None) -> dict[str, str]:
+def request_headers(
+    ids: CallIds, deadline_ms: int, start_by_ms: int | None = None, *, first_send: bool = False
+) -> dict[str, str]:
     headers = {
         H_LOOP_ID: ids.loop_id,
         H_TURN_ID: ids.turn_id,
@@ -94,6 +97,8 @@ def request_headers(ids: CallIds, deadline_ms: int, start_by_ms: int | None = No
         headers[H_TRACEPARENT] = ids.traceparent
     if start_by_ms is not None:
         headers[H_START_BY] = str(start_by_ms)
+    if first_send:
+        headers[H_FIRST_SEND] = "1"
     # Never send empty header values (and never CR/LF: nats-py 2.16 refuses them anyway).
     return {k: v for k, v in headers.items() if v and "\r" not in v and "\n" not in v}
 
@@ -115,6 +120,10 @@ def ids_from_headers(headers: dict[str, str] | None) -> tuple[CallIds, str, int 
     except ValueError:
         deadline = None
     return ids, h.get(H_IDEMPOTENCY_KEY, ""), deadline
+
+
+def first_send(headers: dict[str, str] | None) -> bool:
+    return (headers or {}).get(H_FIRST_SEND) == "1"
 
 
 def start_by_from_headers(headers: dict[str, str] | None) -> int | None:

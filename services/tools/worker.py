@@ -302,7 +302,7 @@ class Worker:
             return
         digest = args_digest(msg.data)
         eid = ids.execution_id
-        if eid and self.results is not None:
+        if eid and self.results is not None and not p.first_send(msg.headers):
             try:
                 rec = await self.results.call(t.name, eid)
             except Exception as e:
