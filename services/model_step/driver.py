@@ -415,7 +415,10 @@ class LoopDriver:
             )
             return
         suspended = ev.SuspendedStep(message=stored, calls=raw, decisions=[], iteration=iterations, calls_so_far=calls)
-        if self.results is not None:
+        if self.results is not None and not all(
+            getattr(self._spec(h, c.name), "read_only", False) for c in raw if not c.minted_id
+        ):
+            # (a step of read-only calls only needs no plan: asking the model again is harmless)
             if guard is not None:
                 guard.check()
             await self.results.record_plan(

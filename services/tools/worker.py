@@ -14,8 +14,9 @@ Durable results (see :mod:`shared.results`): a request whose execution id has a 
 with the same argument digest is answered with the recorded reply and does not run; one recorded with
 other arguments is refused (``error`` reply ``refused``). A tool that is neither read-only nor
 idempotent gets a ``started`` record before it begins; every result is recorded as ``done`` before the
-reply is sent. A call cut by its deadline, canceled or failed on the worker has no ``done`` record: its
-effects are unknown (the ``started`` record says it may have run).
+reply is sent — a read-only tool's while the reply is sent (running it again is harmless). A call cut
+by its deadline, canceled or failed on the worker has no ``done`` record: its effects are unknown (the
+``started`` record says it may have run).
 
 Idempotency of concurrent duplicates: within one worker process, a request whose
 ``Lw-Idempotency-Key`` and argument bytes equal those of a call that is running, or that finished
@@ -337,10 +338,11 @@ class Worker:
         try:
             kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
-                try:
-                    await self._record(t, eid, call, DONE, kind, body)
-                except Exception:  # it ran: the caller still gets the answer (a re-run may not see it)
-                    log.warning("worker %s: result of %s not recorded", self.worker_id, t.name, exc_info=True)
+                if self._specs[t.name].read_only and self._calls_tg is not None:
+                    # Nothing to protect (running it again is harmless): written alongside the reply.
+                    self._calls_tg.start_soon(self._record_done, t, eid, call, body)
+                else:
+                    await self._record_done(t, eid, call, body)
         except Exception as e:  # a bug here must cost one call, never the worker
             log.exception("worker %s: call of %s failed", self.worker_id, t.name)
             kind, body = p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
@@ -428,6 +430,12 @@ class Worker:
         if state == DONE:
             rec.reply_kind, rec.reply = kind, msgspec.Raw(body)
         await self.results.record_call(rec)
+
+    async def _record_done(self, t: Tool, eid: str, call: _Call, body: bytes) -> None:
+        try:
+            await self._record(t, eid, call, DONE, p.REPLY_RESULT, body)
+        except Exception:  # it ran: the caller still gets the answer (a re-run may not see it)
+            log.warning("worker %s: result of %s not recorded", self.worker_id, t.name, exc_info=True)
 
     def _fit(self, result: p.ResultBody) -> bytes:
         """Encode a result; one too big for a NATS message becomes head+tail truncated text."""
