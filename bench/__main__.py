@@ -158,7 +158,7 @@ def _restate_version() -> str:
 
 
 def summary_table(ctx: dict[str, Any]) -> str:
-    """The targets of issue 9, as ratios measured in this run."""
+    """The performance targets, as ratios measured in this run."""
     from bench.common import table
 
     rows: list[list[Any]] = []
@@ -227,7 +227,7 @@ def summary_table(ctx: dict[str, Any]) -> str:
                     "met" if ok else f"missed by {best.steps_per_s / lw.steps_per_s:.2f} ×",
                 ]
             )
-    return table("targets (issue 9), measured in this run", ["target", "measured", "ratio", "verdict"], rows)
+    return table("targets, measured in this run", ["target", "measured", "ratio", "verdict"], rows)
 
 
 if __name__ == "__main__":

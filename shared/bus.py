@@ -195,7 +195,7 @@ def work_stream_config(settings: Settings) -> api.StreamConfig:
         storage=api.StorageType.FILE,
         num_replicas=settings.replicas,
         max_msgs_per_subject=1,
-        # A new signal replaces the pending one (design brief: "discard new"; see docs/architecture.md):
+        # A new signal replaces the pending one (not "discard new"; see docs/architecture.md):
         # a signal sent while a replica still holds the loop's item is never refused, so a replica that
         # dies between acking its item and looking again cannot strand the loop.
         discard=api.DiscardPolicy.OLD,

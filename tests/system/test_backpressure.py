@@ -1,4 +1,4 @@
-"""Slow consumers and back-pressure (issue 8).
+"""Slow consumers and back-pressure.
 
 * Consumers that follow every live event and every history record but read slowly (blocking the
   whole process, so the server sees a slow TCP client) do not slow down or break the services:

@@ -1,4 +1,4 @@
-"""The system fault suite (issue 8): a 3-node cluster, R3 streams, every service its own OS process.
+"""The system fault suite: a 3-node cluster, R3 streams, every service its own OS process.
 
 Each scenario drives N concurrent loops × 10 steps (N = 20 in CI, 100 with ``--long`` / ``LW_LONG=1``)
 through the loop API while one kind of fault is injected, then checks, from replayed history only:

@@ -1,4 +1,4 @@
-"""Model-step acceptance (issue 5): committer, tool workers and model-step as separate OS processes."""
+"""Model-step acceptance: committer, tool workers and model-step as separate OS processes."""
 
 from __future__ import annotations
 

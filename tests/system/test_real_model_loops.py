@@ -1,4 +1,4 @@
-"""End to end on each real adapter (issue 6): a model-step process pointed at a local server that speaks
+"""End to end on each real adapter: a model-step process pointed at a local server that speaks
 the provider's streaming wire format runs a real tool worker and commits the demo model's history shape."""
 
 from __future__ import annotations

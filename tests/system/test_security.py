@@ -1,4 +1,4 @@
-"""Security (issue 8): the deployment's NATS users and permissions (deploy/nats/auth.conf) enforced on a
+"""Security: the deployment's NATS users and permissions (deploy/nats/auth.conf) enforced on a
 3-node cluster, the history stream's deny_delete / deny_purge, and TLS with a generated CA.
 
 * Every service runs under its own identity and the fault suite's load completes (tool calls, parallel
