@@ -77,6 +77,8 @@ PERMISSION_EFFECTS: Final = ("approve", "deny")
 PERMISSION_REASONS: Final = ("policy_allow", "policy_deny", "always_allowed", "gate_approved", "gate_denied")
 DECISION_EFFECTS: Final = ("approve", "deny", "reply")
 ON_UNKNOWN_OUTCOMES: Final = ("error", "ask")
+# Call outcomes a retry policy may send again (the tool gave no answer); a tool's own error never is.
+RETRYABLE_OUTCOMES: Final = ("crashed", "unavailable", "timeout")
 GATE_REASONS: Final = ("", "outcome_unknown")
 
 
@@ -97,6 +99,8 @@ class RetryPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True
     max_attempts: int = 1  # 1 = no retry
     initial_backoff_seconds: float = 0.2
     max_backoff_seconds: float = 2.0
+    # Which outcomes are sent again: any of RETRYABLE_OUTCOMES.
+    retry_on: list[str] = msgspec.field(default_factory=lambda: list(RETRYABLE_OUTCOMES))
 
 
 class TurnError(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):

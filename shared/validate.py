@@ -183,6 +183,8 @@ def _retry_ok(r: object) -> bool:
         return False
     if not isinstance(r.max_attempts, int) or not 1 <= r.max_attempts <= 100:
         return False
+    if not isinstance(r.retry_on, list) or not all(o in ev.RETRYABLE_OUTCOMES for o in r.retry_on):
+        return False
     lo, hi = r.initial_backoff_seconds, r.max_backoff_seconds
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 <= lo <= hi <= 3600
 

@@ -141,8 +141,6 @@ class _Item:
 
 # How often a call that reached its worker too late to start is sent again.
 NOT_STARTED_RESENDS: Final = 3
-# Outcomes a retry policy sends again: the tool gave no answer. A tool's own error result never is.
-RETRIED: Final = frozenset({cl.CRASHED, cl.UNAVAILABLE, cl.TIMEOUT})
 
 
 class Fence(Protocol):
@@ -335,7 +333,7 @@ async def run_batch(
                     break
             if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
                 on_unavailable(use.name)
-            if outcome.status not in RETRIED or attempt >= policy.max_attempts:
+            if outcome.status not in policy.retry_on or attempt >= policy.max_attempts:
                 break
             if fence is not None and not fence.held:
                 break

@@ -38,7 +38,7 @@ from services.tools.protocol import CallIds, ResultBody
 from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
 from shared import shaping
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
-from shared.events import RetryPolicy
+from shared.events import RETRYABLE_OUTCOMES, RetryPolicy
 from shared.settings import Settings
 
 log = logging.getLogger("loopwire.tools")
@@ -163,6 +163,8 @@ class Tool:
         if self.read_only and self.destructive:
             raise ValueError("a tool cannot be both read_only and destructive")
         if (r := self.retry) is not None:
+            if not set(r.retry_on) <= set(RETRYABLE_OUTCOMES):
+                raise ValueError(f"retry: retry_on takes {', '.join(RETRYABLE_OUTCOMES)}")
             if r.max_attempts < 1 or not 0 <= r.initial_backoff_seconds <= r.max_backoff_seconds:
                 raise ValueError("retry: max_attempts ≥ 1 and 0 ≤ initial_backoff_seconds ≤ max_backoff_seconds")
             if r.max_attempts > 1 and not (self.read_only or self.idempotent):

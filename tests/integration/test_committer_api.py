@@ -109,6 +109,7 @@ async def test_start_refuses_bad_bodies(committer: Settings, nc: NATS, api: Loop
             "retries",
         ),
         ({"retries": {"bad name!": RetryPolicy(max_attempts=2)}}, "retries"),
+        ({"retries": {"calc": RetryPolicy(max_attempts=2, retry_on=["refused"])}}, "retries"),
     ]:
         with pytest.raises(InvalidRequestError) as err:
             await api.start(loop_id, **kwargs)  # type: ignore[arg-type]

@@ -181,6 +181,11 @@ async def test_retry_policies_apply_to_idempotent_tools_only(nc: NATS, fast: Set
         # The loop's override: one attempt only.
         out, _ = await _run_one(nc, fast, "flaky", "y", retries={"flaky": RetryPolicy(max_attempts=1)})
         assert out == "error: tool timed out after 0.5s" and FLAKY_SLOW["y"] == 1
+        # Retried only on the outcomes the policy names.
+        out, _ = await _run_one(
+            nc, fast, "flaky", "w", retries={"flaky": RetryPolicy(max_attempts=3, retry_on=["crashed"])}
+        )
+        assert out == "error: tool timed out after 0.5s" and FLAKY_SLOW["w"] == 1
         # Not idempotent: never retried, whatever the override says.
         out, _ = await _run_one(nc, fast, "flaky_effect", "z", retries={"flaky_effect": RetryPolicy(max_attempts=5)})
         assert out == "error: tool timed out after 0.5s" and FLAKY_SLOW["z"] == 1

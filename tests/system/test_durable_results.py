@@ -45,14 +45,20 @@ pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(300)]
 HOLD = 3.0  # seconds each ledger call takes: the window the kills land in
 
 
-def ledger_script(tool: str) -> dict[str, Any]:
-    """Step 0 calls ``tool`` (taking HOLD seconds); step 1 answers."""
+def ledger_script(tool: str, *, quick_first: bool = False) -> dict[str, Any]:
+    """Step 0 calls ``tool`` (taking HOLD seconds) — after a quick call of the idempotent ledger if
+    ``quick_first`` (it finishes, and is recorded, before the kill); step 1 answers."""
     call = [
-        {"kind": "tool_use", "index": 0, "id": "l_{k}", "name": tool},
-        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "once", "hold": HOLD})},
-        {"kind": "finish", "finish_reason": "tool_use"},
+        {"kind": "tool_use", "index": 1, "id": "l_{k}", "name": tool},
+        {"kind": "tool_use", "index": 1, "text": json.dumps({"note": "once", "hold": HOLD})},
     ]
-    return {"responses": [call, "done"], "repeat_last": True}
+    if quick_first:
+        call = [
+            {"kind": "tool_use", "index": 0, "id": "q_{k}", "name": "ledger_idem"},
+            {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "quick", "hold": 0.05})},
+            *call,
+        ]
+    return {"responses": [[*call, {"kind": "finish", "finish_reason": "tool_use"}], "done"], "repeat_last": True}
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
@@ -112,7 +118,8 @@ async def test_a_call_whose_step_runs_again_is_not_run_twice(
     settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
     ledger_file = tmp_path / "ledger.jsonl"
     ledger_file.touch()
-    model = write_model(tmp_path, ledger_script(tool), "ledger.json")
+    parked = on_unknown == "ask"
+    model = write_model(tmp_path, ledger_script(tool, quick_first=parked), "ledger.json")
     counts = {"committer": 1, "tools-ledger": 1, "model-step": 2}
     with fleet(settings, counts=counts, env={"LW_LEDGER": str(ledger_file)}, log_dir=tmp_path / "logs") as f:
         nc = await connect(settings)
@@ -126,19 +133,26 @@ async def test_a_call_whose_step_runs_again_is_not_run_twice(
                 h = await wait_history(nc, settings, loop_id, lambda h: bool(h.open_gates), timeout=60)
                 gate = h.open_gates[0].gate
                 assert gate.reason == "outcome_unknown" and gate.tool_name == tool, gate
+                await anyio.sleep(2.0)  # parked at the gate a while: the quick call's result must stay
                 await api.answer(loop_id, gate.id, "approve")
             await wait_history(nc, settings, loop_id, lambda h: h.open_turn is None and h.turns == 1, timeout=90)
             results = await committed_results(nc, settings, loop_id)
         finally:
             await nc.close()
     ledger = read_ledger(ledger_file)
-    runs = Counter(entry["execution_id"] for entry in ledger)
+    runs = Counter(entry["execution_id"] for entry in ledger if entry["tool"] == tool)
     assert len(runs) == 1 and sum(runs.values()) == executions, ledger
-    assert len(results) == 1 and results[0].startswith(result), results
+    assert results[-1].startswith(result), results
+    if parked:
+        # The call that finished before the kill kept its recorded result through the gate: not run again.
+        quick = [entry for entry in ledger if entry["tool"] == "ledger_idem"]
+        assert len(quick) == 1 and results == ["recorded quick", results[-1]], (ledger, results)
+    else:
+        assert len(results) == 1, results
     if case == "worker alive":
         # The second model-step used the recorded result: its events say so.
         assert any(isinstance(e, ev.ToolCallCompleted) and e.replayed for e in seen), seen
-    reports.add_figure(f"durable results: {case}", {"executions": sum(runs.values()), "result": results[0][:60]})
+    reports.add_figure(f"durable results: {case}", {"executions": sum(runs.values()), "result": results[-1][:60]})
 
 
 # --- a storm of kills over many loops (3-node cluster, R3) ------------------------------------------

@@ -11,10 +11,11 @@ from rich.console import Console
 
 from services import embedded
 from services.cli import build_parser, main
-from services.cli.commands import TurnTracker, parse_policy
+from services.cli.commands import TurnTracker, parse_policy, parse_retries, safety_of
 from services.cli.errors import CliError
 from services.cli.live import LoopView
 from services.cli.render import answer_text, describe, event_json
+from services.tools.spec import ToolSpec
 from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result, user_text
 from shared.events import (
     EVENT_TYPES,
@@ -28,6 +29,7 @@ from shared.events import (
     LoopStarted,
     PermissionRequest,
     PermissionRequested,
+    RetryPolicy,
     StepDone,
     TokenDelta,
     ToolCallCompleted,
@@ -86,6 +88,28 @@ def test_start_options() -> None:
     for bad in (["calculator"], ["calculator=maybe"], ["=allow"]):
         with pytest.raises(CliError, match="--policy wants"):
             parse_policy(bad)
+
+
+def test_start_durability_options() -> None:
+    a = build_parser().parse_args(
+        ["start", "--on-unknown", "ask", "--retry", "http_get=5", "--retry", "kv_memory=2:0.1:1"]
+    )
+    assert a.on_unknown == "ask"
+    assert parse_retries(a.retry) == {
+        "http_get": RetryPolicy(max_attempts=5, initial_backoff_seconds=0.2, max_backoff_seconds=2.0),
+        "kv_memory": RetryPolicy(max_attempts=2, initial_backoff_seconds=0.1, max_backoff_seconds=1.0),
+    }
+    for bad in (["x"], ["x=0"], ["x=2:3:1"], ["bad name=2"], ["x=two"], ["x=1:2:3:4"]):
+        with pytest.raises(CliError, match="--retry wants"):
+            parse_retries(bad)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["start", "--on-unknown", "maybe"])
+
+
+def test_tools_safety_column() -> None:
+    assert safety_of(ToolSpec(name="t")) == "-"
+    assert safety_of(ToolSpec(name="t", read_only=True, open_world=True)) == "read-only, open-world"
+    assert safety_of(ToolSpec(name="t", idempotent=True, destructive=True)) == "idempotent, destructive"
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
