@@ -23,7 +23,8 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
 4. Normalisation: the worker's result as is (``error: ...`` texts for tool errors are made by the
    worker); no content or only empty text → ``error: empty result``; timeout →
    ``error: tool timed out after <s>s``; no live worker at call time (NATS no responders) →
-   ``error: tool unavailable: <name> (no live workers)``; heartbeat loss, garbage reply, worker
+   ``error: tool unavailable: <name> (no live workers)`` (or the worker's reason when its backend
+   is down); heartbeat loss, garbage reply, worker
    failure → ``error: tool crashed: <why>``; cancelled via toolctl → ``error: tool call canceled``.
    ToolCallCompleted carries the bounded preview of the (shaped) result text and the duration.
 5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation.
@@ -288,7 +289,9 @@ async def run_batch(
             if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
                 break
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-        if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
+        # Only "no responders" (no worker answered) says the tool is gone; a worker that answered
+        # unavailable (its backend is down) keeps its registration.
+        if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and on_unavailable is not None:
             on_unavailable(use.name)
         await complete(item)
 
@@ -331,7 +334,7 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
             return shaping.EMPTY_RESULT, True
         return text, outcome.result.is_error
     if outcome.status == cl.UNAVAILABLE:
-        return shaping.tool_unavailable(name), True
+        return shaping.tool_unavailable(name, outcome.message or "no live workers"), True
     if outcome.status == cl.TIMEOUT:
         return shaping.tool_timed_out(timeout), True
     if outcome.status in (cl.CANCELED, cl.NOT_STARTED):

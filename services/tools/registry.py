@@ -200,8 +200,10 @@ class ToolRegistry:
                 conflict.append(f"version {regs[0].spec.version!r} ({len(regs)} worker(s))")
             conflict.sort()
         spec = newest.spec
+        fields = {f: getattr(spec, f) for f in ToolSpec.__struct_fields__}
+        fields["healthy"] = any(reg.spec.healthy for _, _, reg in workers.values())  # one healthy replica serves
         return LiveTool(
-            **{f: getattr(spec, f) for f in ToolSpec.__struct_fields__},
+            **fields,
             replicas=len(workers),
             workers=sorted(workers),
             conflict=conflict,

@@ -35,7 +35,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from services.tools.protocol import CallIds, ResultBody
-from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
+from services.tools.spec import KIND_FUNCTION, KINDS, ToolAnnotations, ToolSpec, input_schema_of, valid_tool_name
 from shared import shaping
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from shared.settings import Settings
@@ -49,6 +49,18 @@ class ToolError(Exception):
     """Raise from a tool to return ``error: <message>`` to the model (an expected failure)."""
 
 
+class CallFailed(Exception):
+    """Raise from a tool to end the call with an ``error`` reply of ``kind`` instead of a result:
+    the call could not run here (``unavailable``: the tool's backend is down) or its backend died
+    under it (``crashed``). Callers see ``error: tool unavailable: ...`` / ``error: tool crashed: ...``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
     """A tool's answer with an explicit error flag (``is_error=True`` is shown to the model as is)."""
@@ -57,7 +69,7 @@ class ToolOutput:
     is_error: bool = False
 
 
-ToolReturn = str | list[Block] | ToolOutput | None
+ToolReturn = str | list[Block] | ToolOutput | ResultBody | None
 
 
 class ToolContext:
@@ -143,6 +155,7 @@ class Tool:
     takes_context: bool = False
     is_async: bool = False
     input_schema: dict[str, Any] = field(default_factory=dict)
+    annotations: ToolAnnotations = field(default_factory=ToolAnnotations)
     _decoder: msgspec.json.Decoder[Any] | None = None
 
     def __post_init__(self) -> None:
@@ -169,6 +182,7 @@ class Tool:
             write_target=self.write_target,
             timeout_seconds=timeout,
             kind=self.kind,
+            annotations=self.annotations,
         )
 
     def decode_args(self, raw: bytes) -> Any:
@@ -211,6 +225,7 @@ def tool(
     timeout: float | None = None,
     kind: str = KIND_FUNCTION,
     input: type[msgspec.Struct] | None = None,
+    annotations: ToolAnnotations | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -226,13 +241,15 @@ def tool(
     timeout: float | None = None,
     kind: str = KIND_FUNCTION,
     input: type[msgspec.Struct] | None = None,
+    annotations: ToolAnnotations | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. ``name`` defaults to the function's name, ``description`` to its docstring.
 
     ``sequential``: calls run first in a batch, one at a time. ``write_target``: the name of an input
     field; calls whose values for it are equal are serialised. ``timeout``: default deadline in
     seconds (else ``LW_TOOL_TIMEOUT_SECONDS``). ``kind="user_input"`` marks a tool the model-step
-    answers through an operator gate instead of calling a worker.
+    answers through an operator gate instead of calling a worker. ``annotations``: effect hints
+    (read-only, destructive, idempotent, open-world) registered with the spec.
     """
 
     def build(f: Callable[..., Any], localns: dict[str, Any]) -> Tool:
@@ -247,6 +264,7 @@ def tool(
             write_target=write_target or "",
             timeout=timeout,
             kind=kind,
+            annotations=annotations or ToolAnnotations(),
             takes_context=takes_ctx,
             is_async=inspect.iscoroutinefunction(f),
         )
@@ -273,6 +291,8 @@ def error_result(text: str) -> ResultBody:
 def _to_result(value: object) -> ResultBody:
     if value is None:
         return ResultBody(blocks=[])
+    if isinstance(value, ResultBody):  # already shaped (e.g. a bridged MCP result)
+        return value
     if isinstance(value, str):
         return ResultBody(blocks=[TextBlock(text=value)])
     if isinstance(value, ToolOutput):
@@ -298,6 +318,8 @@ async def invoke(t: Tool, raw: bytes, ctx: ToolContext) -> ResultBody:
             value = await anyio.to_thread.run_sync(functools.partial(t.fn, *call_args), abandon_on_cancel=True)
         if inspect.isawaitable(value):  # a sync def returning an awaitable
             value = await value
+    except CallFailed:
+        raise
     except ToolError as e:
         return error_result(shaping.tool_error(str(e) or type(e).__name__))
     except Exception as e:

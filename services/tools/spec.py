@@ -26,6 +26,18 @@ def valid_tool_name(name: str) -> bool:
     return bool(TOOL_NAME_RE.fullmatch(name))
 
 
+class ToolAnnotations(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Hints about a tool's effects (MCP's ``readOnlyHint`` etc.); ``None`` = not declared.
+
+    Hints, not guarantees: policy may use them, nothing enforces them.
+    """
+
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+
+
 class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
     """A tool's declaration. Unknown fields are ignored on decode so newer workers stay readable.
 
@@ -43,6 +55,9 @@ class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
     write_target: str = ""
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     kind: str = KIND_FUNCTION
+    annotations: ToolAnnotations = msgspec.field(default_factory=ToolAnnotations)
+    source: str = ""
+    healthy: bool = True
 
     def compatibility_key(self) -> bytes:
         """What must agree between replicas of one tool (description and timeout may differ)."""

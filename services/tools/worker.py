@@ -38,6 +38,7 @@ from functools import partial
 from typing import Final, TypeVar
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NATS
@@ -47,7 +48,7 @@ from nats.js.kv import KeyValue
 
 from services.tools import protocol as p
 from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
-from services.tools.sdk import Tool, ToolContext, invoke
+from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
 from services.tools.spec import Registration
 from shared import shaping
 from shared.content import TextBlock
@@ -93,13 +94,10 @@ class Worker:
         *,
         worker_id: str | None = None,
         max_concurrency: int = 64,
+        allow_empty: bool = False,
     ) -> None:
-        seen: set[str] = set()
-        for t in tools:
-            if t.name in seen:
-                raise ValueError(f"tool {t.name!r} given twice")
-            seen.add(t.name)
-        if not tools:
+        _check_unique(tools)
+        if not tools and not allow_empty:  # a bridge may start with none and add them (set_tools)
             raise ValueError("no tools to serve")
         self.tools = list(tools)
         self.settings = settings
@@ -112,6 +110,9 @@ class Worker:
         # (execution id, attempt) → when its cancel arrived before the request did.
         self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._calls_tg: TaskGroup | None = None
+        self._subs: dict[str, Subscription] = {}  # tool name -> its queue-group subscription
+        self._kv: KeyValue | None = None
+        self._healthy = True
         self._registered = False
         self._started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -122,7 +123,7 @@ class Worker:
         kv = await self._retrying(
             "tools bucket", partial(ensure_tools_bucket, self.nc.jetstream(), self.names, self.settings.replicas)
         )
-        subs: list[Subscription] = []
+        subs = self._subs
         ctl: Subscription | None = None
         try:
             async with anyio.create_task_group() as outer:
@@ -130,11 +131,11 @@ class Worker:
                     self._calls_tg = calls
                     ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
                     for t in self.tools:
-                        subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
-                        subs.append(await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t)))
+                        await self._subscribe(t)
                     await self.nc.flush(timeout=5)
                     # Register only once subscribed, so every listed tool is callable.
                     await self._retrying("registration", partial(self._register, kv))
+                    self._kv = kv
                     refresher = anyio.CancelScope()
                     outer.start_soon(self._refresh, kv, refresher)
                     log.info("worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools))
@@ -145,7 +146,8 @@ class Worker:
                     refresher.cancel()
                     # Stop taking calls first (UNSUB + round trip; already delivered ones still run),
                     # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
-                    for sub in subs:
+                    self._kv = None  # set_tools after this point changes nothing
+                    for sub in subs.values():
                         await sub.drain()  # type: ignore[no-untyped-call]
                     subs.clear()
                     await self._deregister(kv)
@@ -155,11 +157,13 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 if self._registered:  # cancelled from outside: still deregister
                     await self._deregister(kv)
-                for sub in subs:
+                for sub in subs.values():
                     await _quietly_unsubscribe(sub)
+                subs.clear()
                 if ctl is not None:
                     await _quietly_unsubscribe(ctl)
             self._calls_tg = None
+            self._kv = None
         log.info("worker %s stopped", self.worker_id)
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -176,11 +180,51 @@ class Worker:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _register(self, kv: KeyValue) -> None:
+    async def _subscribe(self, t: Tool) -> None:
+        subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
+        self._subs[t.name] = await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t.name))
+
+    async def set_tools(self, tools: Sequence[Tool]) -> None:
+        """Serve ``tools`` from now on: new ones are subscribed, then registered; removed ones are
+        unsubscribed and deregistered (their calls in flight still answer). Before :meth:`run`
+        subscribed (or after it began draining) only the list is replaced."""
+        _check_unique(tools)
+        old = {t.name for t in self.tools}
+        self.tools = list(tools)
+        kv = self._kv
+        if kv is None or self._calls_tg is None:
+            return
         for t in self.tools:
+            if t.name not in self._subs:
+                await self._subscribe(t)
+        for name in old - {t.name for t in self.tools}:
+            sub = self._subs.pop(name, None)
+            if sub is not None:
+                await _quietly_unsubscribe(sub)
+            with contextlib.suppress(Exception):  # the TTL removes it anyway
+                await kv.delete(registration_key(name, self.worker_id))
+        await self.nc.flush(timeout=5)
+        await self._register(kv)
+
+    async def set_healthy(self, healthy: bool) -> None:
+        """Mark every tool (un)healthy in the registry at once (e.g. its MCP server went down)."""
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy
+        if self._kv is not None:
+            try:
+                await self._register(self._kv)
+            except Exception:  # the refresh writes it again
+                log.warning("worker %s: could not publish health", self.worker_id, exc_info=True)
+
+    async def _register(self, kv: KeyValue) -> None:
+        for t in list(self.tools):
+            spec = t.spec(self.settings)
+            if not self._healthy:
+                spec = msgspec.structs.replace(spec, healthy=False)
             reg = Registration(
                 worker_id=self.worker_id,
-                spec=t.spec(self.settings),
+                spec=spec,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 started_at=self._started_at,
@@ -207,9 +251,13 @@ class Worker:
 
     # --- incoming ----------------------------------------------------------------------------------
 
-    async def _on_msg(self, t: Tool, msg: Msg) -> None:
+    async def _on_msg(self, name: str, msg: Msg) -> None:
         tg = self._calls_tg
-        if tg is None:
+        t = next((t for t in self.tools if t.name == name), None)
+        if tg is None or t is None:  # removed by set_tools while the request was on its way
+            if msg.reply:
+                gone = p.ErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
+                await self._send(msg.reply, p.REPLY_ERROR, p.encode(gone))
             return
         tg.start_soon(self._handle, t, msg)
 
@@ -339,6 +387,7 @@ class Worker:
         )
         call.ctx = ctx
         result: p.ResultBody | None = None
+        failed: CallFailed | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._beat, call, recv)
             with anyio.CancelScope() as scope:
@@ -347,9 +396,14 @@ class Worker:
                     scope.cancel()
                 with anyio.move_on_after(max(0.0, deadline - time.time())):
                     async with self._limiter:
-                        result = await invoke(t, raw, ctx)
+                        try:
+                            result = await invoke(t, raw, ctx)
+                        except CallFailed as e:
+                            failed = e
             tg.cancel_scope.cancel()
         send.close()
+        if failed is not None:
+            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=failed.kind, message=failed.message))
         if result is not None:
             return p.REPLY_RESULT, self._fit(result)
         ctx.cancel()
@@ -387,6 +441,14 @@ class Worker:
             await self.nc.publish(reply, body, headers={H_REPLY_KIND: kind, H_WORKER_ID: self.worker_id})
         except Exception:  # the caller learns by heartbeat loss; never crash the worker
             log.warning("worker %s: reply to %s failed", self.worker_id, reply, exc_info=True)
+
+
+def _check_unique(tools: Sequence[Tool]) -> None:
+    seen: set[str] = set()
+    for t in tools:
+        if t.name in seen:
+            raise ValueError(f"tool {t.name!r} given twice")
+        seen.add(t.name)
 
 
 def _offer(send: MemoryObjectSendStream[str], message: str) -> None:
