@@ -11,13 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared.client import LoopClient
-from shared.codec import decode_live
 from shared.content import ToolResultMessage, text_of
-from shared.events import Event
 from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests.mcpfixtures import everything_command, probe_command, time_command
@@ -25,6 +22,7 @@ from tests.syshelpers import (
     TOOL_TURN_HISTORY,
     System,
     check_history_invariants,
+    collect_live,
     history,
     system,
     types,
@@ -45,16 +43,6 @@ def _tool_step(name: str, args: str) -> list[dict[str, object]]:
 
 def bridge(s: System, name: str, command: list[str], **env: str) -> ServiceProcess:
     return s.start(f"mcp-{name}", ["-m", "services.cli", "serve", "mcp", name, "--", *command], env=env)
-
-
-async def _live(nc: NATS, settings: Settings, loop_id: str) -> list[Event]:
-    got: list[Event] = []
-
-    async def cb(m: Msg) -> None:
-        got.append(decode_live(m.data))
-
-    await nc.subscribe(settings.names.live_loop(loop_id), cb=cb)
-    return got
 
 
 async def test_loop_calls_an_mcp_tool_and_commits_a_valid_step(settings: Settings, nc: NATS, tmp_path: Path) -> None:
@@ -87,7 +75,7 @@ async def test_progress_then_interrupt_cancels_the_mcp_request(settings: Setting
         bridge(s, "probe", probe_command(), PROBE_LOG=str(probe_log))
         lc = LoopClient(nc, settings.names)
         loop_id = str(uuid.uuid4())
-        live = await _live(nc, settings, loop_id)
+        live = await collect_live(nc, settings, loop_id)
         await lc.start(loop_id, model=model)
         await lc.input(loop_id, "sleep please")
         with anyio.fail_after(15):
@@ -113,7 +101,7 @@ async def test_long_running_operation_reports_progress(settings: Settings, nc: N
         bridge(s, "everything", command)
         lc = LoopClient(nc, settings.names)
         loop_id = str(uuid.uuid4())
-        live = await _live(nc, settings, loop_id)
+        live = await collect_live(nc, settings, loop_id)
         await lc.start(loop_id, model=model)
         await lc.input(loop_id, "run the long operation")
         await wait_history(nc, settings, loop_id, lambda h: h.idle)
