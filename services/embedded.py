@@ -510,8 +510,6 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
     from services.runner import run_service
 
     command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
     if not valid_server_name(args.name):
         raise CliError(f"invalid MCP server name {args.name!r}: use 1-40 of A-Z a-z 0-9 - (no '_')")
     if bool(command) == bool(args.url):

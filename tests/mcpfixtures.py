@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,27 @@ def everything_command() -> list[str]:
     node = shutil.which("node")
     assert node is not None
     return [node, str(entry), "stdio"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_everything_http(port: int) -> subprocess.Popen[str]:
+    """server-everything over streamable HTTP on ``port``; returns once it listens."""
+    command = everything_command()
+    proc = subprocess.Popen(
+        [*command[:2], "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "listening on port" in line:
+            return proc
+    proc.kill()
+    raise RuntimeError("server-everything (streamableHttp) did not start")

@@ -310,6 +310,7 @@ def _run_schema(args: argparse.Namespace) -> int:
 def _mcp_parser(which: Any) -> None:
     s = which.add_parser(
         "mcp",
+        usage="loopwire serve mcp [options] NAME (-- COMMAND [ARGS...] | --url URL)",
         help="serve an MCP server's tools: NAME -- COMMAND [ARGS...] or NAME --url URL",
         description="Serve every tool of one MCP server as the loopwire tool NAME_<tool>. With -- COMMAND the "
         "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
@@ -332,7 +333,7 @@ def _mcp_parser(which: Any) -> None:
     s.add_argument(
         "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
     )
-    s.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="stdio server command")
+    s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -352,14 +353,28 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(handler)  # pragma: no cover
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; for ``serve mcp`` everything after the first ``--`` is the server's command."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if "--" in words:
+        cut = words.index("--")
+        head = words[:cut]
+        if "serve" in head and "mcp" in head[head.index("serve") + 1 :]:
+            args = parser.parse_args(head)
+            if getattr(args, "service", None) == "mcp":
+                args.command = words[cut + 1 :]
+                return args
+    return parser.parse_args(words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loopwire`` console script."""
     from services.cli.errors import CliError
 
     with contextlib.suppress(AttributeError, ValueError):  # a replaced stdout (tests) may not support it
         sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         return _dispatch(args)
     except CliError as e:

@@ -116,6 +116,7 @@ class Bridge:
         self._wake = anyio.Event()
         self._list_changed = False
         self._lost = False
+        self._ever_up = False
         self._logged: set[str] = set()
 
     # --- life cycle --------------------------------------------------------------------------------
@@ -168,19 +169,17 @@ class Bridge:
 
     async def _supervise(self, ready: anyio.Event | None) -> None:
         failures = 0
-        ever_up = False
         while True:
             began = time.monotonic()
             try:
                 await self._session(ready)
-                ever_up = True
             except McpStartError as e:
-                if not ever_up:
+                if not self._ever_up:
                     raise
                 log.warning("MCP server %s: %s", self.target.name, e)
             except Exception as e:  # any failure of one session ends it; the next one starts afresh
                 leaf = _leaf(e)
-                if not ever_up:
+                if not self._ever_up:
                     raise McpStartError(f"MCP server {self.target.name} failed: {type(leaf).__name__}: {leaf}") from e
                 log.warning("MCP server %s: session failed: %s: %s", self.target.name, type(leaf).__name__, leaf)
             self._client = None
@@ -207,6 +206,7 @@ class Bridge:
                 self._client = client
                 await self.worker.set_healthy(True)
                 log.info("MCP server %s up (%s)", self.target.name, what)
+                self._ever_up = True  # from now on, failures are restarts, not start errors
                 if ready is not None:
                     ready.set()
                 await self._watch(client)

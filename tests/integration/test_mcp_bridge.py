@@ -27,7 +27,7 @@ from services.tools.worker import Worker
 from shared import shaping
 from shared.content import ImageBlock, TextBlock
 from shared.settings import Settings
-from tests.mcpfixtures import everything_command, probe_command, time_command
+from tests.mcpfixtures import everything_command, free_port, probe_command, start_everything_http, time_command
 
 pytestmark = pytest.mark.anyio
 
@@ -289,3 +289,57 @@ async def test_server_everything(nc: NATS, settings: Settings) -> None:
         )
         assert "completed" in text(out).lower()
         assert progress[:2] == ["progress 1/4", "progress 2/4"]
+
+
+async def test_cli_reports_bad_servers_and_exits_1(settings: Settings) -> None:
+    env = {**os.environ, "LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix}
+    cli = [sys.executable, "-m", "services.cli", "serve", "mcp"]
+    cases = [
+        (["bad", "--init-timeout", "1", "--", *probe_command("--hang")], "did not answer initialize within 1s"),
+        (["bad", "--", sys.executable, "-c", "print('hi')"], "is not an MCP server"),
+        (["a_b", "--", "x"], "invalid MCP server name 'a_b'"),
+        (["ok"], "give the MCP server as -- COMMAND [ARGS...] or as --url URL"),
+        (["ok", "--url", "http://127.0.0.1:9/mcp", "--header-env", "Authorization=LW_TEST_UNSET"], "is not set"),
+    ]
+    for args, expected in cases:
+        done = await anyio.run_process([*cli, *args], env=env, check=False)
+        assert done.returncode == 1, (args, done.stderr)
+        assert "error: " in done.stderr.decode() and expected in done.stderr.decode(), done.stderr.decode()
+
+
+async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settings) -> None:
+    port = free_port()
+    server = start_everything_http(port)
+    try:
+        target = McpTarget(name="web", url=f"http://127.0.0.1:{port}/mcp", headers={"X-Loopwire-Test": "1"})
+        bridge = Bridge(target, settings, nc, ping_interval=0.3, ping_timeout=2, backoff_max=0.5)
+        ready, stop = anyio.Event(), anyio.Event()
+        async with registry(nc, settings) as reg, anyio.create_task_group() as tg:
+            tg.start_soon(lambda: bridge.run(ready=ready, stop=stop))
+            with anyio.fail_after(20):
+                await ready.wait()
+            assert reg.get("web_echo") is not None and reg.get("web_echo").source == "mcp:web"  # type: ignore[union-attr]
+            assert text(await call(nc, settings, "web_echo", {"message": "over http"})) == "Echo: over http"
+            progress: list[str] = []
+
+            async def on_progress(message: str) -> None:
+                progress.append(message)
+
+            out = await call(
+                nc, settings, "web_trigger-long-running-operation", {"duration": 1, "steps": 2}, on_progress=on_progress
+            )
+            assert "completed" in text(out).lower() and progress[:2] == ["progress 1/2", "progress 2/2"]
+            # The server goes away: its tools stay registered, unhealthy, and answer unavailable at once.
+            server.kill()
+            server.wait()
+            await reg.wait_until(lambda r: (t := r.get("web_echo")) is not None and not t.healthy, timeout=5)
+            down = await call(nc, settings, "web_echo", {"message": "x"})
+            assert down.status == cl.UNAVAILABLE and "MCP server web is down" in down.message
+            # It comes back: the bridge reconnects (new session, tools re-listed) and calls succeed.
+            server = start_everything_http(port)
+            await reg.wait_until(lambda r: (t := r.get("web_echo")) is not None and t.healthy, timeout=15)
+            assert text(await call(nc, settings, "web_echo", {"message": "again"})) == "Echo: again"
+            stop.set()
+    finally:
+        server.kill()
+        server.wait()
