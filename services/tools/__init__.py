@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from services.tools.sdk import Tool, ToolContext, ToolError, ToolOutput, tool
 from services.tools.serve import run_worker, serve, serve_tools
-from services.tools.spec import ToolSpec
+from services.tools.spec import ToolAnnotations, ToolSpec
 
 __all__ = [
     "Tool",
+    "ToolAnnotations",
     "ToolContext",
     "ToolError",
     "ToolOutput",

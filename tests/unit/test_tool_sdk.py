@@ -203,3 +203,20 @@ def test_headers_round_trip() -> None:
     assert (back, key, deadline) == (ids, "l:s:u", 1234)
     assert ids_from_headers({"Lw-Deadline": "soon"})[2] is None
     assert "traceparent" not in request_headers(CallIds(), 1)
+
+
+def test_annotations_reach_the_spec() -> None:
+    from services.tools import ToolAnnotations
+
+    class Path_(msgspec.Struct):
+        path: str
+
+    @tool(annotations=ToolAnnotations(read_only=True, open_world=False))
+    def peek(args: Path_) -> str:
+        return args.path
+
+    spec = peek.spec()
+    assert spec.annotations == ToolAnnotations(read_only=True, open_world=False)
+    assert spec.source == "" and spec.healthy
+    encoded = msgspec.json.decode(msgspec.json.encode(spec))
+    assert encoded["annotations"] == {"read_only": True, "open_world": False}
