@@ -3,6 +3,7 @@ supervision (SIGKILL of the stdio child), list_changed, replicas, and bad server
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -343,3 +344,22 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
     finally:
         server.kill()
         server.wait()
+
+
+async def test_a_child_that_stops_answering_is_replaced(nc: NATS, settings: Settings, probe_log: Path) -> None:
+    async with (
+        registry(nc, settings) as reg,
+        bridged(nc, settings, "probe", probe_command(), ping_interval=0.2, ping_timeout=1) as bridge,
+    ):
+        pid = int(text(await call(nc, settings, "probe_pid", {})))
+        os.kill(pid, signal.SIGSTOP)  # alive but silent: only the ping can tell
+        try:
+            began = time.monotonic()
+            await reg.wait_until(lambda r: (t := r.get("probe_pid")) is not None and not t.healthy, timeout=5)
+            assert time.monotonic() - began < 2.5
+            await reg.wait_until(lambda r: (t := r.get("probe_pid")) is not None and t.healthy, timeout=15)
+            assert bridge.restarts >= 1
+            assert int(text(await call(nc, settings, "probe_pid", {}))) != pid
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
