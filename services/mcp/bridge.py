@@ -8,8 +8,10 @@ Calls: the loopwire deadline is the MCP request timeout; MCP progress becomes To
 so a heartbeat); a loopwire cancel (interrupt, deadline, caller gone) cancels the MCP request, which
 makes the SDK send ``notifications/cancelled``; results are mapped by :mod:`services.mcp.mapping`.
 
-Supervision: a ping every ``ping_interval`` seconds (bounded by ``ping_timeout``) notices a server
-that exited or stopped answering, as does a call that finds the connection closed. The session is
+Supervision: a ping every ``ping_interval`` seconds notices a server that exited (the ping fails) or
+stopped answering (no reply within ``ping_timeout`` while none of its tools runs: a server busy with
+a call may answer nothing until it ends, and that call's deadline bounds it), as does a call that
+finds the connection closed. The session is
 then closed (a stdio child is stopped) and opened again after a backoff (``BACKOFF_FIRST`` doubling
 to ``backoff_max``; it starts over once a session stayed up ``STABLE_SECONDS``). While the server is
 down its tools stay registered with ``healthy=false`` and answer ``unavailable`` at once; calls in
@@ -116,6 +118,7 @@ class Bridge:
         self._wake = anyio.Event()
         self._list_changed = False
         self._lost = False
+        self._inflight = 0
         self._ever_up = False
         self._logged: set[str] = set()
 
@@ -231,12 +234,22 @@ class Bridge:
                     log.warning("MCP server %s: re-list failed: %s", self.target.name, e)
                     return
                 continue
+            busy = self._inflight > 0
             try:
                 with anyio.fail_after(self.ping_timeout), warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # ping is deprecated in 2026 revisions, fine on handshake sessions
                     await client.session.send_ping()
-            except (MCPError, TimeoutError) as e:
-                log.warning("MCP server %s stopped answering: %s", self.target.name, e)
+            except TimeoutError:
+                # A server may not answer while one of its tools runs (one request at a time): that
+                # call's deadline bounds it. Silence with no call running means it hangs.
+                if busy or self._inflight > 0:
+                    continue
+                log.warning(
+                    "MCP server %s stopped answering (no ping reply in %gs)", self.target.name, self.ping_timeout
+                )
+                return
+            except MCPError as e:
+                log.warning("MCP server %s: ping failed: %s", self.target.name, e.error.message)
                 return
 
     async def _on_message(self, message: IncomingMessage) -> None:
@@ -303,6 +316,7 @@ class Bridge:
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             ctx.progress(mapping.progress_text(progress, total, message))
 
+        self._inflight += 1
         try:
             result = await client.call_tool(
                 mcp_name, args, read_timeout_seconds=ctx.remaining(), progress_callback=on_progress
@@ -318,6 +332,8 @@ class Bridge:
             return error_result(
                 shaping.tool_error(f"the MCP server sent an invalid result: {e.error_count()} error(s)")
             )
+        finally:
+            self._inflight -= 1
         return mapping.result_of(result)
 
     def _connection_lost(self, client: Client) -> None:

@@ -349,9 +349,12 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
 async def test_a_child_that_stops_answering_is_replaced(nc: NATS, settings: Settings, probe_log: Path) -> None:
     async with (
         registry(nc, settings) as reg,
-        bridged(nc, settings, "probe", probe_command(), ping_interval=0.2, ping_timeout=1) as bridge,
+        bridged(nc, settings, "probe", probe_command(), ping_interval=0.2, ping_timeout=0.5) as bridge,
     ):
         pid = int(text(await call(nc, settings, "probe_pid", {})))
+        # Busy with a call (answering nothing, pings included): not hung, the call's deadline bounds it.
+        assert text(await call(nc, settings, "probe_block", {"seconds": 1.5})) == "unblocked"
+        assert bridge.restarts == 0 and int(text(await call(nc, settings, "probe_pid", {}))) == pid
         os.kill(pid, signal.SIGSTOP)  # alive but silent: only the ping can tell
         try:
             began = time.monotonic()
