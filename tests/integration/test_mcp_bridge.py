@@ -116,6 +116,10 @@ async def test_probe_tools_register_and_map_results(nc: NATS, settings: Settings
         img = await call(nc, settings, "probe_image", {})
         assert img.result is not None and isinstance(img.result.blocks[0], ImageBlock)
         assert img.result.blocks[0].media_type == "image/png"
+        # Larger than a NATS message: cut like any tool's result (head and tail kept).
+        big = text(await call(nc, settings, "probe_big", {"size": 3 * nc.max_payload}))
+        assert len(big.encode()) < nc.max_payload and big.startswith("aaa") and big.endswith("z")
+        assert "[tool output truncated: omitted" in big
         bad_args = await call(nc, settings, "probe_count", [1, 2])
         assert bad_args.result is not None and bad_args.result.is_error
         assert text(bad_args).startswith("error: invalid tool arguments")
