@@ -219,6 +219,8 @@ class Worker:
 
     async def _register(self, kv: KeyValue) -> None:
         for t in list(self.tools):
+            if t not in self.tools:  # removed by set_tools meanwhile: never re-register it
+                continue
             spec = t.spec(self.settings)
             if not self._healthy:
                 spec = msgspec.structs.replace(spec, healthy=False)
@@ -253,8 +255,10 @@ class Worker:
 
     async def _on_msg(self, name: str, msg: Msg) -> None:
         tg = self._calls_tg
+        if tg is None:
+            return
         t = next((t for t in self.tools if t.name == name), None)
-        if tg is None or t is None:  # removed by set_tools while the request was on its way
+        if t is None:  # removed by set_tools while the request was on its way
             if msg.reply:
                 gone = p.ErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
                 await self._send(msg.reply, p.REPLY_ERROR, p.encode(gone))
