@@ -14,8 +14,8 @@ loopwire deadline bounds every call.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -73,21 +73,19 @@ def headers_from_env(specs: list[str], env: Mapping[str, str] | None = None) -> 
     return out
 
 
-def open_client(target: McpTarget, message_handler: MessageHandlerFnT) -> AbstractAsyncContextManager[Client]:
-    """A not yet entered client; entering it starts the server (stdio) and runs the handshake."""
-    server: StdioServerParameters | Transport
-    if target.command:
-        server = StdioServerParameters(
-            command=target.command[0], args=list(target.command[1:]), env=child_environment()
-        )
-    else:
-        http = create_mcp_http_client(headers=dict(target.headers), timeout=httpx2.Timeout(30.0, read=None))
-        server = streamable_http_client(target.url, http_client=http)
-    # No response cache: a re-list must reach the server (list_changed, reconnects).
-    return Client(
-        server,
-        mode="legacy",
-        message_handler=message_handler,
-        cache=None,
-        raise_exceptions=False,
-    )
+@asynccontextmanager
+async def open_client(target: McpTarget, message_handler: MessageHandlerFnT) -> AsyncIterator[Client]:
+    """A connected client: starts the server (stdio) or connects (URL) and runs the handshake."""
+    async with AsyncExitStack() as stack:
+        server: StdioServerParameters | Transport
+        if target.command:
+            server = StdioServerParameters(
+                command=target.command[0], args=list(target.command[1:]), env=child_environment()
+            )
+        else:
+            http = create_mcp_http_client(headers=dict(target.headers), timeout=httpx2.Timeout(30.0, read=None))
+            await stack.enter_async_context(http)  # closed with the session, not leaked per reconnect
+            server = streamable_http_client(target.url, http_client=http)
+        # No response cache: a re-list must reach the server (list_changed, reconnects).
+        client = Client(server, mode="legacy", message_handler=message_handler, cache=None, raise_exceptions=False)
+        yield await stack.enter_async_context(client)
