@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 
 from services.mcp.bridge import Bridge
@@ -20,6 +22,9 @@ async def serve_mcp(
     init_timeout: float = 10.0,
 ) -> None:
     """Serve ``target``'s tools until ``stop``; raises McpStartError when the server never came up."""
+    if settings.log_level.upper() != "DEBUG":
+        # httpx logs every request at INFO: one line per liveness ping of a URL server.
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     nc = await connect(settings, name=f"mcp-bridge:{target.name}"[:128])
     try:
         bridge = Bridge(target, settings, nc, timeout_seconds=timeout_seconds, init_timeout=init_timeout)
