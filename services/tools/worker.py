@@ -138,7 +138,9 @@ class Worker:
                     self._kv = kv
                     refresher = anyio.CancelScope()
                     outer.start_soon(self._refresh, kv, refresher)
-                    log.info("worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools))
+                    log.info(
+                        "worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools) or "no tools yet"
+                    )
                     if ready is not None:
                         ready.set()
                     await stop.wait()
