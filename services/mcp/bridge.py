@@ -311,7 +311,7 @@ class Bridge:
     async def _call(self, mcp_name: str, args: dict[str, Any], ctx: ToolContext) -> p.ResultBody:
         client = self._client
         if client is None:
-            raise CallFailed(p.ERROR_UNAVAILABLE, f"MCP server {self.target.name} is down, restarting")
+            raise CallFailed(p.ERROR_UNAVAILABLE, f"{self.source} is down, restarting")  # as the executor says
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             ctx.progress(mapping.progress_text(progress, total, message))

@@ -23,8 +23,8 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
 4. Normalisation: the worker's result as is (``error: ...`` texts for tool errors are made by the
    worker); no content or only empty text → ``error: empty result``; timeout →
    ``error: tool timed out after <s>s``; no live worker at call time (NATS no responders) →
-   ``error: tool unavailable: <name> (no live workers)`` (or the worker's reason when its backend
-   is down); heartbeat loss, garbage reply, worker
+   ``error: tool unavailable: <name> (no live workers)`` (``(<source> is down, restarting)`` when
+   every replica reports its backend down, or the worker's own reason); heartbeat loss, garbage reply, worker
    failure → ``error: tool crashed: <why>``; cancelled via toolctl → ``error: tool call canceled``.
    ToolCallCompleted carries the bounded preview of the (shaped) result text and the duration.
 5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation.
@@ -289,10 +289,13 @@ async def run_batch(
             if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
                 break
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-        # Only "no responders" (no worker answered) says the tool is gone; a worker that answered
-        # unavailable (its backend is down) keeps its registration.
-        if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and on_unavailable is not None:
-            on_unavailable(use.name)
+        if outcome.status == cl.UNAVAILABLE and not outcome.worker_id:  # "no responders"
+            if not getattr(spec, "healthy", True):
+                # Every replica is down on purpose (its backend restarts): say so; it stays listed.
+                source = getattr(spec, "source", "") or "its backend"
+                item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
+            elif on_unavailable is not None:
+                on_unavailable(use.name)
         await complete(item)
 
     runnable = [it for it in items if it.text is None]

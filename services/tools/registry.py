@@ -236,7 +236,13 @@ class ToolRegistry:
         return out
 
     def mark_no_workers(self, name: str) -> None:
-        """A call got "no responders": treat the tool as gone until a worker registers again."""
+        """A call got "no responders": treat the tool as gone until a worker registers again.
+
+        Not for a tool whose every replica says it is unhealthy: those left their queue groups on
+        purpose while their backend restarts, and the tool stays listed (as down)."""
+        view = self._view(name)
+        if view is not None and not view.healthy:
+            return
         if name in self._regs:
             self._no_workers.add(name)
 

@@ -197,7 +197,7 @@ class Worker:
         if kv is None or self._calls_tg is None:
             return
         for t in self.tools:
-            if t.name not in self._subs:
+            if t.name not in self._subs and self._healthy:  # an unhealthy worker takes no calls
                 await self._subscribe(t)
         for name in old - {t.name for t in self.tools}:
             sub = self._subs.pop(name, None)
@@ -208,16 +208,36 @@ class Worker:
         await self.nc.flush(timeout=5)
         await self._register(kv)
 
+    @property
+    def taking_calls(self) -> bool:
+        """Whether any tool is subscribed (in its queue group) right now."""
+        return bool(self._subs)
+
     async def set_healthy(self, healthy: bool) -> None:
-        """Mark every tool (un)healthy in the registry at once (e.g. its MCP server went down)."""
+        """Mark every tool (un)healthy (e.g. its MCP server went down or came back).
+
+        Unhealthy: the registrations say so first, then the tools leave their queue groups, so NATS
+        routes calls to healthy replicas only (with none, callers get "no responders" at once, and
+        the registry keeps the tool listed as down). Healthy again: subscribe, then register.
+        """
         if healthy == self._healthy:
             return
         self._healthy = healthy
-        if self._kv is not None:
-            try:
-                await self._register(self._kv)
-            except Exception:  # the refresh writes it again
-                log.warning("worker %s: could not publish health", self.worker_id, exc_info=True)
+        kv = self._kv
+        if kv is None or self._calls_tg is None:
+            return
+        if healthy:
+            for t in self.tools:
+                if t.name not in self._subs:
+                    await self._subscribe(t)
+            await self.nc.flush(timeout=5)
+        try:
+            await self._register(kv)
+        except Exception:  # the refresh writes it again
+            log.warning("worker %s: could not publish health", self.worker_id, exc_info=True)
+        if not healthy:
+            for name in list(self._subs):
+                await _quietly_unsubscribe(self._subs.pop(name))
 
     async def _register(self, kv: KeyValue) -> None:
         for t in list(self.tools):

@@ -20,13 +20,14 @@ from nats.aio.client import Client as NATS
 from services.mcp.bridge import Bridge
 from services.mcp.connect import McpStartError, McpTarget
 from services.tools import client as cl
-from services.tools.executor import normalise
+from services.tools.executor import PlannedCall, normalise, run_batch
 from services.tools.protocol import CallIds
 from services.tools.registry import ToolRegistry
 from services.tools.sdk import tool
 from services.tools.worker import Worker
 from shared import shaping
-from shared.content import ImageBlock, TextBlock
+from shared.content import ImageBlock, TextBlock, text_of
+from shared.events import RawToolUse
 from shared.settings import Settings
 from tests.mcpfixtures import everything_command, free_port, probe_command, start_everything_http, time_command
 
@@ -95,6 +96,43 @@ def probe_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.fixture
+def probe_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Create this file to keep restarted probe servers from starting (see probe_server.py)."""
+    path = tmp_path / "hold"
+    monkeypatch.setenv("PROBE_HOLD", str(path))
+    return path
+
+
+async def batch(reg: ToolRegistry, nc: NATS, settings: Settings, name: str, args: str) -> str:
+    """One call through the batch executor (what the model-step runs): the model-visible text."""
+    async with cl.ToolClient(nc, settings.names) as client:
+        use = RawToolUse(id=f"toolu_{time.time_ns()}", name=name, input=args)
+        [result] = await run_batch(
+            [PlannedCall.approved(use, f"e{time.time_ns()}")],
+            loop_id="l",
+            turn_id="t",
+            step_id=f"s{time.time_ns()}",
+            spec_of=reg.get,
+            client=client,
+            publish=_ignore,
+            on_unavailable=reg.mark_no_workers,
+        )
+    return text_of(result)
+
+
+async def _ignore(event: object) -> None:
+    pass
+
+
+def hold(path: Path) -> None:
+    path.touch()
+
+
+def release(path: Path) -> None:
+    path.unlink()
+
+
 async def test_probe_tools_register_and_map_results(nc: NATS, settings: Settings, probe_log: Path) -> None:
     async with registry(nc, settings) as reg, bridged(nc, settings, "probe", probe_command()):
         await reg.wait_for("probe_slow")
@@ -155,7 +193,7 @@ async def test_progress_and_cancel_reach_the_server(nc: NATS, settings: Settings
                 await anyio.sleep(0.02)
 
 
-async def test_sigkill_of_the_child_mid_call(nc: NATS, settings: Settings, probe_log: Path) -> None:
+async def test_sigkill_of_the_child_mid_call(nc: NATS, settings: Settings, probe_log: Path, probe_hold: Path) -> None:
     async with registry(nc, settings) as reg, bridged(nc, settings, "probe", probe_command()) as bridge:
         pid = int(text(await call(nc, settings, "probe_pid", {})))
         assert text(await call(nc, settings, "probe_count", {})) == "1"
@@ -169,20 +207,29 @@ async def test_sigkill_of_the_child_mid_call(nc: NATS, settings: Settings, probe
             with anyio.fail_after(10):
                 while "started slow" not in log_lines(probe_log):
                     await anyio.sleep(0.02)
+            hold(probe_hold)  # the restart waits until the checks of the down state are done
             os.kill(pid, signal.SIGKILL)
         assert outcome[0].status == cl.CRASHED, outcome
         assert (
             normalise("probe_slow", 30, outcome[0])[0]
             == "error: tool crashed: MCP server probe went away during the call"
         )
-        # Down: still registered (unhealthy), answering unavailable at once.
+        # Down: still registered (unhealthy), out of the queue group, answering unavailable at once.
         await reg.wait_until(lambda r: (t := r.get("probe_count")) is not None and not t.healthy)
+        with anyio.fail_after(5):
+            while bridge.worker.taking_calls:
+                await anyio.sleep(0.02)
         began = time.monotonic()
         down = await call(nc, settings, "probe_count", {})
-        if down.status == cl.UNAVAILABLE:  # unless the restart already won the race
-            assert time.monotonic() - began < 0.5
-            assert normalise("probe_count", 30, down)[0].startswith("error: tool unavailable: probe_count (MCP server")
+        assert down.status == cl.UNAVAILABLE and time.monotonic() - began < 0.5
+        began = time.monotonic()
+        said = await batch(reg, nc, settings, "probe_count", "{}")
+        assert said == "error: tool unavailable: probe_count (mcp:probe is down, restarting)"
+        assert time.monotonic() - began < 0.5
+        live = reg.get("probe_count")
+        assert live is not None and not live.healthy and "probe_count" in {t.name for t in reg.live()}
         # Restarted: healthy again, a fresh process (its counter starts over), calls succeed.
+        release(probe_hold)
         await reg.wait_until(lambda r: (t := r.get("probe_count")) is not None and t.healthy, timeout=15)
         assert bridge.restarts >= 1
         assert int(text(await call(nc, settings, "probe_pid", {}))) != pid
@@ -203,16 +250,29 @@ async def test_list_changed_updates_registrations(nc: NATS, settings: Settings, 
         assert reg.get("probe_toggle") is not None
 
 
-async def test_two_bridges_share_calls(nc: NATS, settings: Settings, probe_log: Path) -> None:
+async def test_two_bridges_share_calls(nc: NATS, settings: Settings, probe_log: Path, probe_hold: Path) -> None:
     async with (
         registry(nc, settings) as reg,
-        bridged(nc, settings, "probe", probe_command()),
-        bridged(nc, settings, "probe", probe_command()),
+        bridged(nc, settings, "probe", probe_command()) as one,
+        bridged(nc, settings, "probe", probe_command()) as two,
     ):
         live = await reg.wait_for("probe_pid", replicas=2)
         assert live.replicas == 2 and not live.conflict
         pids = {text(await call(nc, settings, "probe_pid", {})) for _ in range(30)}
         assert len(pids) == 2
+        # One replica's server goes down (and stays down): calls go to the healthy replica only.
+        hold(probe_hold)
+        gone, kept = sorted(pids)
+        os.kill(int(gone), signal.SIGKILL)
+        with anyio.fail_after(5):  # the replica notices (a ping a second) and leaves the queue group
+            while one.worker.taking_calls and two.worker.taking_calls:
+                await anyio.sleep(0.05)
+        now = reg.get("probe_pid")
+        assert now is not None and now.healthy and now.replicas == 2  # one healthy replica serves
+        answers = [await call(nc, settings, "probe_pid", {}) for _ in range(20)]
+        assert all(a.status == cl.OK for a in answers), answers
+        assert {text(a) for a in answers} == {kept}
+        release(probe_hold)
 
 
 async def test_bad_listing_keeps_the_good_tools(nc: NATS, settings: Settings, probe_log: Path) -> None:
@@ -338,8 +398,14 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
             server.kill()
             server.wait()
             await reg.wait_until(lambda r: (t := r.get("web_echo")) is not None and not t.healthy, timeout=5)
+            with anyio.fail_after(5):
+                while bridge.worker.taking_calls:
+                    await anyio.sleep(0.02)
             down = await call(nc, settings, "web_echo", {"message": "x"})
-            assert down.status == cl.UNAVAILABLE and "MCP server web is down" in down.message
+            assert down.status == cl.UNAVAILABLE and not down.worker_id  # left the queue group
+            assert await batch(reg, nc, settings, "web_echo", '{"message": "x"}') == (
+                "error: tool unavailable: web_echo (mcp:web is down, restarting)"
+            )
             # It comes back: the bridge reconnects (new session, tools re-listed) and calls succeed.
             server = start_everything_http(port)
             await reg.wait_until(lambda r: (t := r.get("web_echo")) is not None and t.healthy, timeout=15)

@@ -245,8 +245,16 @@ async def test_worker_tool_set_and_health_change_while_serving(nc: NATS, fast: S
         assert out.status == cl.UNAVAILABLE and out.message == "backend restarting" and out.worker_id == w.worker_id
         await w.set_healthy(False)
         await reg.wait_until(lambda r: (t := r.get("work")) is not None and not t.healthy)
+        assert not w.taking_calls  # out of the queue groups: NATS routes to healthy replicas only
+        none = await client.call("work", b'{"tag": "u"}', ids=ids(), timeout=5)
+        assert none.status == cl.UNAVAILABLE and not none.worker_id
+        reg.mark_no_workers("work")  # known down: it stays listed
+        assert reg.get("work") is not None and "work" in {t.name for t in reg.live()}
+        await w.set_tools([work, down])  # while unhealthy: registered, not subscribed
+        assert not w.taking_calls
         await w.set_healthy(True)
         await reg.wait_until(lambda r: (t := r.get("work")) is not None and t.healthy)
+        assert text(await client.call("work", b'{"tag": "b"}', ids=ids(), timeout=5)).startswith("done b")
         await w.set_tools([down])
         await reg.wait_gone("work")
         gone = await client.call("work", b'{"tag": "g"}', ids=ids(), timeout=5)
