@@ -13,7 +13,8 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
 # tzdata: the clock tool's time zones do not depend on the base image's zoneinfo files.
-RUN pip install . tzdata \
+# mcp-server-time: the MCP server compose's mcp-time bridge starts.
+RUN pip install . tzdata "mcp-server-time==2026.10.19" \
  && useradd --system --uid 10001 --home-dir /app loopwire
 
 USER loopwire

@@ -482,6 +482,8 @@ def run_serve(args: argparse.Namespace) -> int:
             await serve_model_step(st, ready=ready, stop=stop)
 
         return run_service("model-step", model_step, settings)
+    if args.service == "mcp":
+        return _run_serve_mcp(args, settings)
     from services.tools.serve import resolve_tools
     from services.tools.serve import serve as serve_tools
 
@@ -496,6 +498,45 @@ def run_serve(args: argparse.Namespace) -> int:
         await serve_tools(tools, st, ready=ready, stop=stop)
 
     return run_service(f"tool:{','.join(t.name for t in tools)}", tool_worker, settings)
+
+
+def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    import anyio
+
+    from services.cli.errors import CliError
+    from services.mcp.connect import McpStartError, McpTarget, headers_from_env
+    from services.mcp.mapping import valid_server_name
+    from services.mcp.serve import serve_mcp
+    from services.runner import run_service
+
+    command = list(args.command)
+    if not valid_server_name(args.name):
+        raise CliError(f"invalid MCP server name {args.name!r}: use 1-40 of A-Z a-z 0-9 - (no '_')")
+    if bool(command) == bool(args.url):
+        raise CliError("give the MCP server as -- COMMAND [ARGS...] or as --url URL (exactly one)")
+    if args.header_env and not args.url:
+        raise CliError("--header-env needs --url")
+    if args.timeout is not None and not args.timeout > 0:
+        raise CliError("--timeout must be > 0 seconds")
+    try:
+        headers = headers_from_env(args.header_env)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    target = McpTarget(name=args.name, command=tuple(command), url=args.url or "", headers=headers)
+    failed: list[McpStartError] = []
+
+    async def bridge(st: Settings, stop: anyio.Event, ready: anyio.Event) -> None:
+        try:
+            await serve_mcp(
+                target, st, ready=ready, stop=stop, timeout_seconds=args.timeout, init_timeout=args.init_timeout
+            )
+        except McpStartError as e:
+            failed.append(e)
+
+    status = run_service(f"mcp:{args.name}", bridge, settings)
+    if failed:
+        raise CliError(str(failed[0]))
+    return status
 
 
 def _overrides(settings: Settings) -> dict[str, object]:

@@ -17,8 +17,10 @@ from typing import Any, Final, TypeVar
 
 import anyio
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from shared import events as ev
+from shared.codec import decode_live
 from shared.events import Event
 from shared.history import LoopHistory, load, replay
 from shared.procs import ServiceProcess, Supervisor
@@ -126,6 +128,17 @@ async def wait_for(probe: Callable[[], Awaitable[T | None]], *, timeout: float, 
             return last
         await anyio.sleep(interval)
     raise TimeoutError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+async def collect_live(nc: NATS, settings: Settings, loop_id: str) -> list[Event]:
+    """A list that fills with the loop's live events from now on."""
+    got: list[Event] = []
+
+    async def cb(m: Msg) -> None:
+        got.append(decode_live(m.data))
+
+    await nc.subscribe(settings.names.live_loop(loop_id), cb=cb)
+    return got
 
 
 async def history(nc: NATS, settings: Settings, loop_id: str) -> list[tuple[int, Event]]:

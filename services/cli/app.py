@@ -12,7 +12,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from shared.settings import ENV_VARS, Settings
 
@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = which.add_parser("tool", help="serve tools: built-in names or module:attr", formatter_class=_Formatter)
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
+    _mcp_parser(which)
     p.set_defaults(handler="serve")
 
     # --- client commands ----------------------------------------------------------------------
@@ -319,6 +320,35 @@ def _run_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp_parser(which: Any) -> None:
+    s = which.add_parser(
+        "mcp",
+        usage="loopwire serve mcp [options] NAME (-- COMMAND [ARGS...] | --url URL)",
+        help="serve an MCP server's tools: NAME -- COMMAND [ARGS...] or NAME --url URL",
+        description="Serve every tool of one MCP server as the loopwire tool NAME_<tool>. With -- COMMAND the "
+        "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
+        "it gets this environment minus LW_* variables); with --url it is reached over streamable HTTP. Several "
+        "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
+        formatter_class=_Formatter,
+    )
+    _connection_options(s, top=False)
+    s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
+    s.add_argument("--url", help="streamable HTTP endpoint of the server (instead of a command)")
+    s.add_argument(
+        "--header-env",
+        action="append",
+        default=[],
+        metavar="HEADER=VAR",
+        help="with --url: send HTTP header HEADER with the value of environment variable VAR (repeatable), "
+        "e.g. Authorization=MCP_AUTH",
+    )
+    s.add_argument("--timeout", type=float, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)")
+    s.add_argument(
+        "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
+    )
+    s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     handler: str = args.handler
     if handler.startswith("client:"):
@@ -336,14 +366,28 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(handler)  # pragma: no cover
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; for ``serve mcp`` everything after the first ``--`` is the server's command."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if "--" in words:
+        cut = words.index("--")
+        head = words[:cut]
+        if "serve" in head and "mcp" in head[head.index("serve") + 1 :]:
+            args = parser.parse_args(head)
+            if getattr(args, "service", None) == "mcp":
+                args.command = words[cut + 1 :]
+                return args
+    return parser.parse_args(words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loopwire`` console script."""
     from services.cli.errors import CliError
 
     with contextlib.suppress(AttributeError, ValueError):  # a replaced stdout (tests) may not support it
         sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         return _dispatch(args)
     except CliError as e:

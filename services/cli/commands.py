@@ -649,9 +649,11 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
         out("no live tools (start one: loopwire serve tool calculator)")
         return 0
     table = Table()
-    for col in ("tool", "replicas", "kind", "version", "safety", "arguments", "description"):
-        table.add_column(col, no_wrap=col in ("tool", "replicas", "kind"), overflow="fold")
+    for col in ("tool", "replicas", "kind", "version", "safety", "source", "arguments", "description"):
+        table.add_column(col, no_wrap=col in ("tool", "replicas", "kind", "source"), overflow="fold")
     for t in live:
+        # source: the MCP server behind a bridged tool ("-" for SDK tools); "down" while it restarts.
+        source = (t.source or "-") + ("" if t.healthy else " (down)")
         table.add_row(
             *_cells(
                 t.name,
@@ -659,11 +661,12 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
                 t.kind,
                 t.version,
                 safety_of(t),
+                source,
                 _arguments(t.input_schema),
                 clip(t.description, 60),
             )
         )
     for name, specs in conflicts.items():
-        table.add_row(*_cells(name, "-", "", "conflict", "", "", ", ".join(sorted(s.version for s in specs))))
+        table.add_row(*_cells(name, "-", "", "conflict", "", "", "", ", ".join(sorted(s.version for s in specs))))
     make_console().print(table)
     return 0

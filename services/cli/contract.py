@@ -258,6 +258,8 @@ def asyncapi_document() -> dict[str, Any]:
             tool_protocol.ERROR_CANCELED,
             tool_protocol.ERROR_INTERNAL,
             tool_protocol.ERROR_NOT_STARTED,
+            tool_protocol.ERROR_UNAVAILABLE,
+            tool_protocol.ERROR_CRASHED,
         ],
         "ToolErrorBody.kind",
     )

@@ -7,7 +7,8 @@ subject and waits for the final reply, reading progress replies on the way. It d
 Outcomes, decided without waiting for the deadline wherever possible:
 
 * ``ok`` — the worker's final result (tool errors included);
-* ``unavailable`` — no worker subscribed (NATS "no responders", immediate);
+* ``unavailable`` — no worker subscribed (NATS "no responders", immediate), or the worker's backend
+  is down (its ``unavailable`` error reply, with the reason as message);
 * ``timeout`` — the worker reported the deadline passed, or nothing came until deadline + grace;
 * ``crashed`` — no reply or heartbeat for ``loss_factor`` heartbeat intervals (worker killed, hung or
   stopped), an unreadable reply, a worker-internal failure, or the request could not be sent;
@@ -71,6 +72,7 @@ _ERROR_STATUS: Final = {
     p.ERROR_CANCELED: CANCELED,
     p.ERROR_NOT_STARTED: NOT_STARTED,
     p.ERROR_REFUSED: REFUSED,
+    p.ERROR_UNAVAILABLE: UNAVAILABLE,
 }
 
 

@@ -25,7 +25,8 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
 4. Normalisation: the worker's result as is (``error: ...`` texts for tool errors are made by the
    worker); no content or only empty text → ``error: empty result``; timeout →
    ``error: tool timed out after <s>s``; no live worker at call time (NATS no responders) →
-   ``error: tool unavailable: <name> (no live workers)``; heartbeat loss, garbage reply, worker
+   ``error: tool unavailable: <name> (no live workers)`` (``(<source> is down, restarting)`` when
+   every replica reports its backend down, or the worker's own reason); heartbeat loss, garbage reply, worker
    failure → ``error: tool crashed: <why>``; cancelled via toolctl → ``error: tool call canceled``.
    ToolCallCompleted carries the bounded preview of the (shaped) result text and the duration.
 5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation.
@@ -331,8 +332,9 @@ async def run_batch(
                 # never ran, so send it again while our lease holds.
                 if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
                     break
-            if outcome.status == cl.UNAVAILABLE and on_unavailable is not None:
-                on_unavailable(use.name)
+            healthy = getattr(spec, "healthy", True)  # False: every replica's backend is down (restarting)
+            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and healthy and on_unavailable is not None:
+                on_unavailable(use.name)  # "no responders"
             if outcome.status not in policy.retry_on or attempt >= policy.max_attempts:
                 break
             if fence is not None and not fence.held:
@@ -344,6 +346,10 @@ async def run_batch(
             backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
             attempt += 1
         item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
+        if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not getattr(spec, "healthy", True):
+            # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
+            source = getattr(spec, "source", "") or "its backend"
+            item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
         await complete(item)
 
     runnable = [it for it in items if it.text is None]
@@ -385,7 +391,7 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
             return shaping.EMPTY_RESULT, True
         return text, outcome.result.is_error
     if outcome.status == cl.UNAVAILABLE:
-        return shaping.tool_unavailable(name), True
+        return shaping.tool_unavailable(name, outcome.message or "no live workers"), True
     if outcome.status == cl.TIMEOUT:
         return shaping.tool_timed_out(timeout), True
     if outcome.status in (cl.CANCELED, cl.NOT_STARTED):

@@ -10,7 +10,7 @@ Replies (several, to the request's reply subject), told apart by the ``Lw-Reply`
   and the tool's own progress messages;
 * ``result`` — :class:`ResultBody`, the final outcome of a call that ran (tool errors included);
 * ``error`` — :class:`ErrorBody`, the final outcome of a call that did not complete on the worker
-  (``timeout``, ``canceled``, ``internal``).
+  (``timeout``, ``canceled``, ``internal``, ``not_started``, ``unavailable``, ``crashed``).
 
 Cancel: any message on ``<prefix>.toolctl.<execution_id>`` cancels that call wherever it runs.
 """
@@ -48,6 +48,10 @@ ERROR_INTERNAL: Final = "internal"
 ERROR_NOT_STARTED: Final = "not_started"
 # The execution id has a recorded call with other arguments: never run (a caller bug or a forged id).
 ERROR_REFUSED: Final = "refused"
+# The tool's backend is down (e.g. a bridged MCP server restarting): answered at once, never run.
+ERROR_UNAVAILABLE: Final = "unavailable"
+# The tool's backend died while the call ran (e.g. its MCP server process was killed).
+ERROR_CRASHED: Final = "crashed"
 
 
 class ResultBody(msgspec.Struct, kw_only=True):

@@ -204,8 +204,10 @@ class ToolRegistry:
                 conflict.append(f"version {regs[0].spec.version!r} ({len(regs)} worker(s))")
             conflict.sort()
         spec = newest.spec
+        fields = {f: getattr(spec, f) for f in ToolSpec.__struct_fields__}
+        fields["healthy"] = any(reg.spec.healthy for _, _, reg in workers.values())  # one healthy replica serves
         return LiveTool(
-            **{f: getattr(spec, f) for f in ToolSpec.__struct_fields__},
+            **fields,
             replicas=len(workers),
             workers=sorted(workers),
             conflict=conflict,
@@ -239,7 +241,13 @@ class ToolRegistry:
         return out
 
     def mark_no_workers(self, name: str) -> None:
-        """A call got "no responders": no live replica until a worker registers again."""
+        """A call got "no responders": no live replica until a worker registers again.
+
+        Not for a tool whose every replica says it is unhealthy: those left their queue groups on
+        purpose while their backend restarts, and the tool stays listed (as down)."""
+        view = self._view(name)
+        if view is not None and not view.healthy:
+            return
         if name in self._regs:
             self._no_workers.add(name)
 

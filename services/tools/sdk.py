@@ -50,6 +50,18 @@ class ToolError(Exception):
     """Raise from a tool to return ``error: <message>`` to the model (an expected failure)."""
 
 
+class CallFailed(Exception):
+    """Raise from a tool to end the call with an ``error`` reply of ``kind`` instead of a result:
+    the call could not run here (``unavailable``: the tool's backend is down) or its backend died
+    under it (``crashed``). Callers see ``error: tool unavailable: ...`` / ``error: tool crashed: ...``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
     """A tool's answer with an explicit error flag (``is_error=True`` is shown to the model as is)."""
@@ -58,7 +70,7 @@ class ToolOutput:
     is_error: bool = False
 
 
-ToolReturn = str | list[Block] | ToolOutput | None
+ToolReturn = str | list[Block] | ToolOutput | ResultBody | None
 
 
 class ToolContext:
@@ -313,6 +325,8 @@ def error_result(text: str) -> ResultBody:
 def _to_result(value: object) -> ResultBody:
     if value is None:
         return ResultBody(blocks=[])
+    if isinstance(value, ResultBody):  # already shaped (e.g. a bridged MCP result)
+        return value
     if isinstance(value, str):
         return ResultBody(blocks=[TextBlock(text=value)])
     if isinstance(value, ToolOutput):
@@ -338,6 +352,8 @@ async def invoke(t: Tool, raw: bytes, ctx: ToolContext) -> ResultBody:
             value = await anyio.to_thread.run_sync(functools.partial(t.fn, *call_args), abandon_on_cancel=True)
         if inspect.isawaitable(value):  # a sync def returning an awaitable
             value = await value
+    except CallFailed:
+        raise
     except ToolError as e:
         return error_result(shaping.tool_error(str(e) or type(e).__name__))
     except Exception as e:

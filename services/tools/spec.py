@@ -58,6 +58,11 @@ class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=False):
         """Running a call again whose first outcome is unknown does no harm."""
         return self.read_only or self.idempotent
 
+    # Which server serves the tool (e.g. "mcp:time" for a bridged MCP server; "" = a loopwire worker),
+    # and whether that backend is up (a bridge whose server restarts registers healthy=false).
+    source: str = ""
+    healthy: bool = True
+
     def compatibility_key(self) -> bytes:
         """What must agree between replicas of one tool (description and timeout may differ)."""
         return msgspec.json.encode(

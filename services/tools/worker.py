@@ -55,7 +55,7 @@ from nats.js.kv import KeyValue
 
 from services.tools import protocol as p
 from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
-from services.tools.sdk import Tool, ToolContext, invoke
+from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
 from services.tools.spec import Registration
 from shared import shaping
 from shared.bus import ensure_kv
@@ -104,13 +104,10 @@ class Worker:
         worker_id: str | None = None,
         max_concurrency: int = 64,
         record_results: bool = True,
+        allow_empty: bool = False,
     ) -> None:
-        seen: set[str] = set()
-        for t in tools:
-            if t.name in seen:
-                raise ValueError(f"tool {t.name!r} given twice")
-            seen.add(t.name)
-        if not tools:
+        _check_unique(tools)
+        if not tools and not allow_empty:  # a bridge may start with none and add them (set_tools)
             raise ValueError("no tools to serve")
         self.tools = list(tools)
         self.settings = settings
@@ -123,8 +120,10 @@ class Worker:
         # (execution id, attempt) → when its cancel arrived before the request did.
         self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._calls_tg: TaskGroup | None = None
+        self._subs: dict[str, Subscription] = {}  # tool name -> its queue-group subscription
+        self._kv: KeyValue | None = None
+        self._healthy = True
         self._registered = False
-        self._specs = {t.name: t.spec(settings) for t in tools}
         self.results = ResultStore(nc, self.names) if record_results else None
         self._started_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -146,7 +145,7 @@ class Worker:
                     ttl=self.settings.results_ttl_seconds,
                 ),
             )
-        subs: list[Subscription] = []
+        subs = self._subs
         ctl: Subscription | None = None
         alive: Subscription | None = None
         try:
@@ -156,14 +155,16 @@ class Worker:
                     ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
                     alive = await self.nc.subscribe(self.names.tool_worker(self.worker_id), cb=self._on_alive)
                     for t in self.tools:
-                        subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
-                        subs.append(await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t)))
+                        await self._subscribe(t)
                     await self.nc.flush(timeout=5)
                     # Register only once subscribed, so every listed tool is callable.
                     await self._retrying("registration", partial(self._register, kv))
+                    self._kv = kv
                     refresher = anyio.CancelScope()
                     outer.start_soon(self._refresh, kv, refresher)
-                    log.info("worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools))
+                    log.info(
+                        "worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools) or "no tools yet"
+                    )
                     if ready is not None:
                         ready.set()
                     await stop.wait()
@@ -171,7 +172,8 @@ class Worker:
                     refresher.cancel()
                     # Stop taking calls first (UNSUB + round trip; already delivered ones still run),
                     # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
-                    for sub in subs:
+                    self._kv = None  # set_tools after this point changes nothing
+                    for sub in subs.values():
                         await sub.drain()  # type: ignore[no-untyped-call]
                     subs.clear()
                     await self._deregister(kv)
@@ -181,13 +183,15 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 if self._registered:  # cancelled from outside: still deregister
                     await self._deregister(kv)
-                for sub in subs:
+                for sub in subs.values():
                     await _quietly_unsubscribe(sub)
+                subs.clear()
                 if ctl is not None:
                     await _quietly_unsubscribe(ctl)
                 if alive is not None:
                     await _quietly_unsubscribe(alive)
             self._calls_tg = None
+            self._kv = None
         log.info("worker %s stopped", self.worker_id)
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -204,11 +208,73 @@ class Worker:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _register(self, kv: KeyValue) -> None:
+    async def _subscribe(self, t: Tool) -> None:
+        subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
+        self._subs[t.name] = await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t.name))
+
+    async def set_tools(self, tools: Sequence[Tool]) -> None:
+        """Serve ``tools`` from now on: new ones are subscribed, then registered; removed ones are
+        unsubscribed and deregistered (their calls in flight still answer). Before :meth:`run`
+        subscribed (or after it began draining) only the list is replaced."""
+        _check_unique(tools)
+        old = {t.name for t in self.tools}
+        self.tools = list(tools)
+        kv = self._kv
+        if kv is None or self._calls_tg is None:
+            return
         for t in self.tools:
+            if t.name not in self._subs and self._healthy:  # an unhealthy worker takes no calls
+                await self._subscribe(t)
+        for name in old - {t.name for t in self.tools}:
+            sub = self._subs.pop(name, None)
+            if sub is not None:
+                await _quietly_unsubscribe(sub)
+            with contextlib.suppress(Exception):  # the TTL removes it anyway
+                await kv.delete(registration_key(name, self.worker_id))
+        await self.nc.flush(timeout=5)
+        await self._register(kv)
+
+    @property
+    def taking_calls(self) -> bool:
+        """Whether any tool is subscribed (in its queue group) right now."""
+        return bool(self._subs)
+
+    async def set_healthy(self, healthy: bool) -> None:
+        """Mark every tool (un)healthy (e.g. its MCP server went down or came back).
+
+        Unhealthy: the registrations say so first, then the tools leave their queue groups, so NATS
+        routes calls to healthy replicas only (with none, callers get "no responders" at once, and
+        the registry keeps the tool listed as down). Healthy again: subscribe, then register.
+        """
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy
+        kv = self._kv
+        if kv is None or self._calls_tg is None:
+            return
+        if healthy:
+            for t in self.tools:
+                if t.name not in self._subs:
+                    await self._subscribe(t)
+            await self.nc.flush(timeout=5)
+        try:
+            await self._register(kv)
+        except Exception:  # the refresh writes it again
+            log.warning("worker %s: could not publish health", self.worker_id, exc_info=True)
+        if not healthy:
+            for name in list(self._subs):
+                await _quietly_unsubscribe(self._subs.pop(name))
+
+    async def _register(self, kv: KeyValue) -> None:
+        for t in list(self.tools):
+            if t not in self.tools:  # removed by set_tools meanwhile: never re-register it
+                continue
+            spec = t.spec(self.settings)
+            if not self._healthy:
+                spec = msgspec.structs.replace(spec, healthy=False)
             reg = Registration(
                 worker_id=self.worker_id,
-                spec=t.spec(self.settings),
+                spec=spec,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 started_at=self._started_at,
@@ -235,9 +301,15 @@ class Worker:
 
     # --- incoming ----------------------------------------------------------------------------------
 
-    async def _on_msg(self, t: Tool, msg: Msg) -> None:
+    async def _on_msg(self, name: str, msg: Msg) -> None:
         tg = self._calls_tg
         if tg is None:
+            return
+        t = next((t for t in self.tools if t.name == name), None)
+        if t is None:  # removed by set_tools while the request was on its way
+            if msg.reply:
+                gone = p.ErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
+                await self._send(msg.reply, p.REPLY_ERROR, p.encode(gone))
             return
         tg.start_soon(self._handle, t, msg)
 
@@ -338,7 +410,7 @@ class Worker:
         try:
             kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
-                if self._specs[t.name].read_only and self._calls_tg is not None:
+                if t.spec(self.settings).read_only and self._calls_tg is not None:
                     # Nothing to protect (running it again is harmless): written alongside the reply.
                     self._calls_tg.start_soon(self._record_done, t, eid, call, body)
                 else:
@@ -384,7 +456,7 @@ class Worker:
         if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
             call.canceled = True  # this attempt's reply only: _finish forgets it, a later attempt runs
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
-        if ids.execution_id and self.results is not None and not self._specs[t.name].rerun_safe:
+        if ids.execution_id and self.results is not None and not t.spec(self.settings).rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
             await self._record(t, ids.execution_id, call, STARTED)
         send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
@@ -399,6 +471,7 @@ class Worker:
         )
         call.ctx = ctx
         result: p.ResultBody | None = None
+        failed: CallFailed | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._beat, call, recv)
             with anyio.CancelScope() as scope:
@@ -407,9 +480,14 @@ class Worker:
                     scope.cancel()
                 with anyio.move_on_after(max(0.0, deadline - time.time())):
                     async with self._limiter:
-                        result = await invoke(t, raw, ctx)
+                        try:
+                            result = await invoke(t, raw, ctx)
+                        except CallFailed as e:
+                            failed = e
             tg.cancel_scope.cancel()
         send.close()
+        if failed is not None:
+            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=failed.kind, message=failed.message))
         if result is not None:
             return p.REPLY_RESULT, self._fit(result)
         ctx.cancel()
@@ -467,6 +545,14 @@ class Worker:
             await self.nc.publish(reply, body, headers={H_REPLY_KIND: kind, H_WORKER_ID: self.worker_id})
         except Exception:  # the caller learns by heartbeat loss; never crash the worker
             log.warning("worker %s: reply to %s failed", self.worker_id, reply, exc_info=True)
+
+
+def _check_unique(tools: Sequence[Tool]) -> None:
+    seen: set[str] = set()
+    for t in tools:
+        if t.name in seen:
+            raise ValueError(f"tool {t.name!r} given twice")
+        seen.add(t.name)
 
 
 def _offer(send: MemoryObjectSendStream[str], message: str) -> None:

@@ -26,7 +26,7 @@ import nats.errors
 import pytest
 import yaml
 
-from services.cli import build_parser
+from services.cli.app import parse_args
 from services.cli.commands import wait_for_turn
 from services.tools.builtins import BUILTINS
 from services.tools.serve import resolve_tools
@@ -41,6 +41,8 @@ COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 NATS_NODES = ["nats-1", "nats-2", "nats-3"]
 LOOPWIRE_SERVICES = [name for name, svc in SERVICES.items() if svc.get("image") == "loopwire:latest"]
+# Where the image's console scripts (an MCP server a bridge starts) are found when testing from a venv.
+VENV_PATH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 _DEFAULT = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
 
 
@@ -94,16 +96,17 @@ def test_services_replicas_and_scaling() -> None:
 
 
 def test_every_service_command_is_a_loopwire_serve_entry() -> None:
-    parser = build_parser()
     for name in LOOPWIRE_SERVICES:
         svc = SERVICES[name]
-        args = parser.parse_args(svc["command"])  # exits (fails the test) on an unknown command
+        args = parse_args(svc["command"])  # exits (fails the test) on an unknown command
         if "profiles" in svc:  # the operator CLI, run on demand
             assert args.handler.startswith("client:"), name
             continue
         assert args.handler == "serve", name
         if args.service == "tool":
             assert [t.name for t in resolve_tools(args.tools)] == args.tools
+        if args.service == "mcp":  # a bridge: its server's command is installed in the image
+            assert args.command and shutil.which(args.command[0], path=VENV_PATH), args.command
 
 
 def test_every_variable_set_is_one_the_code_reads() -> None:
@@ -185,14 +188,15 @@ def _settings(server: NatsServer, service: str) -> Settings:
 
 
 def test_services_run_a_loop_under_compose_permissions(secured: NatsServer, tmp_path: Path) -> None:
-    names = ["committer", "model-step", "tool-calculator", "tool-clock", "tool-kv-memory"]
+    # mcp-time: a bridge becomes ready (registers its MCP server's tools) under its permissions too.
+    names = ["committer", "model-step", "tool-calculator", "tool-clock", "tool-kv-memory", "mcp-time"]
     sup = Supervisor()
     with sup:
         procs = [
             ServiceProcess(
                 name,
                 ["-m", "services.cli", *SERVICES[name]["command"]],
-                {**service_env(name), "LW_NATS_URL": secured.url, "LW_REPLICAS": "1"},
+                {**service_env(name), "LW_NATS_URL": secured.url, "LW_REPLICAS": "1", "PATH": VENV_PATH},
                 log_path=str(tmp_path / f"{name}.log"),
             )
             for name in names

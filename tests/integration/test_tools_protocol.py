@@ -213,3 +213,50 @@ async def test_arguments_too_large_to_send_are_an_error_not_an_exception(nc: NAT
     async with cl.ToolClient(nc, fast.names) as client:
         out = await client.call("work", b'"' + b"x" * (nc.max_payload + 10) + b'"', ids=ids(), timeout=5)
     assert out.status == cl.CRASHED and out.message.startswith("could not send the call")
+
+
+async def test_worker_tool_set_and_health_change_while_serving(nc: NATS, fast: Settings) -> None:
+    """The hooks a bridge uses: start with no tools, add and remove tools, mark them (un)healthy,
+    and CallFailed from a tool ends the call with that error reply."""
+    from services.tools.sdk import CallFailed
+    from services.tools.worker import Worker
+
+    with pytest.raises(ValueError, match="no tools"):
+        Worker([], fast, nc)
+
+    @tool(name="down", description="its backend is down")
+    async def down(args: Work) -> str:
+        raise CallFailed("unavailable", "backend restarting")
+
+    w = Worker([], fast, nc, allow_empty=True)
+    ready, stop = anyio.Event(), anyio.Event()
+    async with (
+        ToolRegistry(nc, fast.names) as reg,
+        cl.ToolClient(nc, fast.names) as client,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(partial(w.run, ready=ready, stop=stop))
+        await ready.wait()
+        assert reg.live() == []
+        await w.set_tools([work, down])
+        await reg.wait_for("down")
+        assert text(await client.call("work", b'{"tag": "h"}', ids=ids(), timeout=5)).startswith("done h")
+        out = await client.call("down", b"{}", ids=ids(), timeout=5)
+        assert out.status == cl.UNAVAILABLE and out.message == "backend restarting" and out.worker_id == w.worker_id
+        await w.set_healthy(False)
+        await reg.wait_until(lambda r: (t := r.get("work")) is not None and not t.healthy)
+        assert not w.taking_calls  # out of the queue groups: NATS routes to healthy replicas only
+        none = await client.call("work", b'{"tag": "u"}', ids=ids(), timeout=5)
+        assert none.status == cl.UNAVAILABLE and not none.worker_id
+        reg.mark_no_workers("work")  # known down: it stays listed
+        assert reg.get("work") is not None and "work" in {t.name for t in reg.live()}
+        await w.set_tools([work, down])  # while unhealthy: registered, not subscribed
+        assert not w.taking_calls
+        await w.set_healthy(True)
+        await reg.wait_until(lambda r: (t := r.get("work")) is not None and t.healthy)
+        assert text(await client.call("work", b'{"tag": "b"}', ids=ids(), timeout=5)).startswith("done b")
+        await w.set_tools([down])
+        await reg.wait_gone("work")
+        gone = await client.call("work", b'{"tag": "g"}', ids=ids(), timeout=5)
+        assert gone.status == cl.UNAVAILABLE and not gone.worker_id  # unsubscribed: no responders
+        stop.set()

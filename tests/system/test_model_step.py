@@ -13,15 +13,14 @@ from nats.aio.msg import Msg
 
 from shared import events as ev
 from shared.client import LoopClient
-from shared.codec import decode_live
 from shared.content import AIMessage, ToolResultMessage, ToolUseBlock, text_of, tool_uses
-from shared.events import Event
 from shared.protocol import ClosedError, NotFoundError
 from shared.settings import Settings
 from shared.shaping import INVALID_JSON_ARGUMENTS, TRUNCATED_NOTICE
 from tests.syshelpers import (
     TOOL_TURN_HISTORY,
     check_history_invariants,
+    collect_live,
     history,
     system,
     types,
@@ -40,21 +39,11 @@ def _tool_step(k: int, name: str, args: str) -> list[dict[str, object]]:
     ]
 
 
-async def _live(nc: NATS, settings: Settings, loop_id: str) -> list[Event]:
-    got: list[Event] = []
-
-    async def cb(m: Msg) -> None:
-        got.append(decode_live(m.data))
-
-    await nc.subscribe(settings.names.live_loop(loop_id), cb=cb)
-    return got
-
-
 async def test_demo_loop_commits_the_expected_history_and_live_events(settings: Settings, nc: NATS) -> None:
     with system(settings):
         lc = LoopClient(nc, settings.names)
         loop_id = str(uuid.uuid4())
-        live = await _live(nc, settings, loop_id)
+        live = await collect_live(nc, settings, loop_id)
         await lc.start(loop_id, model="demo")
         await lc.input(loop_id, "what is 17*23 and what time is it in Tokyo?")
         await wait_history(nc, settings, loop_id, lambda h: h.idle)
@@ -98,7 +87,7 @@ async def test_malformed_tool_json_is_stored_as_empty_object_and_the_turn_recove
     with system(settings, tools=("calculator",)):
         lc = LoopClient(nc, settings.names)
         loop_id = str(uuid.uuid4())
-        live = await _live(nc, settings, loop_id)
+        live = await collect_live(nc, settings, loop_id)
         await lc.start(loop_id, model=model)
         await lc.input(loop_id, "compute")
         await wait_history(nc, settings, loop_id, lambda h: h.idle)
@@ -248,7 +237,7 @@ async def test_interrupt_during_a_long_tool_call(settings: Settings, nc: NATS, t
     with system(settings, tools=("sleep",)):
         lc = LoopClient(nc, settings.names)
         loop_id = str(uuid.uuid4())
-        live = await _live(nc, settings, loop_id)
+        live = await collect_live(nc, settings, loop_id)
         cancels: list[str] = []
 
         async def on_cancel(m: Msg) -> None:

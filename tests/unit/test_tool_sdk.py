@@ -203,3 +203,18 @@ def test_headers_round_trip() -> None:
     assert (back, key, deadline) == (ids, "l:s:u", 1234)
     assert ids_from_headers({"Lw-Deadline": "soon"})[2] is None
     assert "traceparent" not in request_headers(CallIds(), 1)
+
+
+def test_annotations_reach_the_spec() -> None:
+    class Path_(msgspec.Struct):
+        path: str
+
+    @tool(read_only=True, open_world=True)
+    def peek(args: Path_) -> str:
+        return args.path
+
+    spec = peek.spec()
+    assert spec.read_only and spec.open_world and not spec.idempotent and not spec.destructive
+    assert spec.source == "" and spec.healthy
+    encoded = msgspec.json.decode(msgspec.json.encode(spec))
+    assert encoded["read_only"] is True and encoded["destructive"] is False
