@@ -28,8 +28,18 @@ from shared.content import (
 from shared.errors import InvalidEventError, Rule
 from shared.events import Class, Event, Profile
 from shared.strictjson import is_strict
+from shared.wiretypes import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES
 
-__all__ = ["InvalidEventError", "Rule", "is_rfc3339", "is_uuid", "validate_event"]
+__all__ = [
+    "PREVIEW_MAX_BYTES",
+    "PREVIEW_MAX_LINES",
+    "SUMMARY_MAX_BYTES",
+    "InvalidEventError",
+    "Rule",
+    "is_rfc3339",
+    "is_uuid",
+    "validate_event",
+]
 
 _UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 # ASCII digits only (``\d`` would accept any Unicode digit); the date itself is checked by datetime.
@@ -37,9 +47,6 @@ _RFC3339_RE: Final = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
 )
 
-SUMMARY_MAX_BYTES: Final = 1024
-PREVIEW_MAX_BYTES: Final = 2048
-PREVIEW_MAX_LINES: Final = 20
 MAX_STEP_MESSAGES: Final = 10_000
 TOOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
@@ -103,6 +110,8 @@ def validate_event(e: object) -> None:
             raise _fail(name, "created_at", Rule.INVALID)
     else:
         _check_optional_id(name, "event_id", e.event_id)
+        if not isinstance(e.created_at, str) or (e.created_at and not is_rfc3339(e.created_at)):
+            raise _fail(name, "created_at", Rule.INVALID)
     if e.v != 1:
         raise _fail(name, "v", Rule.INVALID)
 

@@ -283,7 +283,9 @@ class LoopDriver:
             h.apply(event, seq)
         return True
 
-    async def _fail_turn(self, h: LoopHistory, kind: str, message: str, prefix: AIMessage | None = None) -> None:
+    async def _fail_turn(
+        self, h: LoopHistory, kind: ev.TurnFailedKind, message: str, prefix: AIMessage | None = None
+    ) -> None:
         t = h.open_turn
         assert t is not None
         step_id = step_id_for(t.turn_id, t.steps)
@@ -527,7 +529,15 @@ class LoopDriver:
         )
 
     async def _open_gate(
-        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, p: Planned, spec: Any, *, kind: str
+        self,
+        h: LoopHistory,
+        t: OpenTurn,
+        step_id: str,
+        s: ev.SuspendedStep,
+        p: Planned,
+        spec: Any,
+        *,
+        kind: ev.GateKind,
     ) -> None:
         gate_id = new_id()
         common: dict[str, Any] = {
@@ -538,7 +548,7 @@ class LoopDriver:
         }
         if kind == "user_input":
             question, choices = _question_of(p.call.input)
-            controls = ["reply"]
+            controls: list[ev.GateAction] = ["reply"]
             request: Event = make(ev.UserInputRequested, **common, gate_id=gate_id, question=question, choices=choices)
         else:
             controls = ["approve", "approve_always", "deny"]
