@@ -223,7 +223,7 @@ class ApiReply(_Wire):
 # --- coding -----------------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
-_FIELD_RE: Final = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
+_FIELD_RE: Final = re.compile(r"(?:at|in) `\$\.([A-Za-z0-9_]+)")
 _MISSING_RE: Final = re.compile(r"^Object missing required field `([A-Za-z0-9_]+)`$")
 _UNKNOWN_RE: Final = re.compile(r"^Object contains unknown field `([A-Za-z0-9_]+)`$")
 T = TypeVar("T", bound=_Wire)
