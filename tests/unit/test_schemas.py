@@ -165,3 +165,32 @@ def test_schema_files_are_valid_json_schema_shapes() -> None:
     # Every top-level schema validates through msgspec's own encoder (a sanity check of the output).
     for text in contract.render_schemas().values():
         assert isinstance(msgspec.json.decode(text), dict)
+
+
+VOCABULARIES = (
+    "TurnFailedKind",
+    "GateKind",
+    "GateAction",
+    "AnswerAction",
+    "PolicyEffect",
+    "PermissionEffect",
+    "PermissionReason",
+    "DecisionEffect",
+    "ChunkKind",
+    "ToolErrorKind",
+    "Uuid",
+    "Rfc3339",
+)
+
+
+def test_asyncapi_references_the_payload_schemas_definitions() -> None:
+    # One definition each: the AsyncAPI components are the schema files' own definitions, referenced by
+    # the payloads, never a second copy of an enum.
+    components = contract.asyncapi_document()["components"]["schemas"]
+    text = json.dumps(components)
+    files = contract.schema_files()
+    for name in VOCABULARIES:
+        assert f'"#/components/schemas/{name}"' in text, name
+        in_files = [doc["$defs"][name] for doc in files.values() if name in doc.get("$defs", {})]
+        assert in_files and all(d == components[name] for d in in_files), name
+    assert "discriminator" not in text
