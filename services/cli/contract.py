@@ -548,7 +548,7 @@ def asyncapi_document() -> dict[str, Any]:
         },
         "channels": channels,
         "operations": operations,
-        "components": {"schemas": schemas, "messages": messages},
+        "components": {"schemas": schema_rules.for_asyncapi(schemas), "messages": messages},
     }
 
 

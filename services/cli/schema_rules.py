@@ -37,6 +37,7 @@ _NAMED: Final[dict[str, Any]] = {
 }
 _EMPTY: Final = {"const": ""}
 _NON_EMPTY_BLOCKS: Final = {
+    "type": "object",
     "required": ["blocks"],
     "properties": {"blocks": {"type": "array", "minItems": 1}},
 }
@@ -72,6 +73,20 @@ def strip_discriminators(node: Any) -> Any:
     if isinstance(node, list):
         return [strip_discriminators(v) for v in node]
     return node
+
+
+def for_asyncapi(node: Any) -> Any:
+    """``node`` in AsyncAPI's schema dialect (a superset of draft-07): tuples as ``items`` + ``additionalItems``."""
+    if isinstance(node, list):
+        return [for_asyncapi(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: for_asyncapi(v) for k, v in node.items()}
+    if "prefixItems" in out:
+        out["items"], rest = out.pop("prefixItems"), out.get("items")
+        if rest is not None:
+            out["additionalItems"] = rest
+    return out
 
 
 def reachable(tops: list[Any], defs: dict[str, Any], ref: Ref) -> dict[str, Any]:
@@ -150,6 +165,8 @@ def _hoist_titled(node: Any, named: dict[str, Any], ref: Ref, *, top: bool) -> A
     if top or "title" not in node or node.get("type") == "object":
         return node
     body = {k: v for k, v in node.items() if k != "default"}
+    if "type" not in body and _STRING_KEYWORDS & body.keys():
+        body["type"] = "string"  # msgspec leaves it out for dict keys; strict validators want it
     title = body["title"]
     if named.setdefault(title, body) != body:
         raise ValueError(f"two different types titled {title}")
@@ -157,6 +174,9 @@ def _hoist_titled(node: Any, named: dict[str, Any], ref: Ref, *, top: bool) -> A
     if "default" in node:
         out["default"] = node["default"]
     return out
+
+
+_STRING_KEYWORDS: Final = frozenset({"pattern", "minLength", "maxLength", "format"})
 
 
 def _mentions(node: Any, target: str) -> bool:
@@ -220,7 +240,11 @@ def _body_rules(name: str, node: dict[str, Any], ref: Ref) -> None:
         props["cause"] = {
             "allOf": [
                 {"$ref": ref("Cause")},
-                {"required": ["command_id"], "properties": {"command_id": {"minLength": 1}}},
+                {
+                    "type": "object",
+                    "required": ["command_id"],
+                    "properties": {"command_id": {"type": "string", "minLength": 1}},
+                },
             ]
         }
         need("message", "cause")
@@ -244,7 +268,7 @@ def _body_rules(name: str, node: dict[str, Any], ref: Ref) -> None:
         props["max_result_bytes"] = {
             "description": "0 = unbounded, else at least 256.",
             "allOf": [count],
-            "anyOf": [{"const": 0}, {"minimum": 256}],
+            "anyOf": [{"const": 0}, {"type": "integer", "minimum": 256}],
             "default": count.pop("default", 0),
         }
     elif name == "CommitRequest":

@@ -167,10 +167,22 @@ def _keywords() -> frozenset[str]:
     return frozenset(words)
 
 
+# Keywords that only apply to one instance type: a strict reader (ajv's strictTypes) wants that type declared.
+_TYPED_KEYWORDS = {
+    "string": {"pattern", "minLength", "maxLength", "format"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems"},
+    "object": {"properties", "required", "additionalProperties", "propertyNames", "patternProperties"},
+}
+
+
 def _unknown_keywords(node: Any, where: str) -> Iterator[str]:
     if isinstance(node, bool):
         return
     assert isinstance(node, dict), where
+    for type_, words in _TYPED_KEYWORDS.items():
+        if words & node.keys() and node.get("type") != type_:
+            yield f"{where}: {sorted(words & node.keys())} without type {type_}"
     for key, value in node.items():
         if key not in _keywords():
             yield f"{where}/{key}"
@@ -204,7 +216,10 @@ def test_strict_check_catches_an_unknown_keyword() -> None:
     assert list(_unknown_keywords({"type": "object", "discriminator": {"propertyName": "type"}}, "#")) == [
         "#/discriminator"
     ]
-    assert list(_unknown_keywords({"properties": {"a": {"x-hint": 1}}}, "#")) == ["#/properties/a/x-hint"]
+    assert list(_unknown_keywords({"type": "object", "properties": {"a": {"x-hint": 1}}}, "#")) == [
+        "#/properties/a/x-hint"
+    ]
+    assert list(_unknown_keywords({"pattern": "^a$"}, "#")) == ["#: ['pattern'] without type string"]
 
 
 def test_format_checking_is_on() -> None:
