@@ -166,7 +166,7 @@ def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
     fast = _decode_canonical(bytes(data))
     if fast is not None:
         try:
-            validate_event(fast)
+            validate_event(fast, decoded=True)
             return fast
         except LoopwireError:
             pass  # invalid: the strict path below reports it exactly as it always did
@@ -195,7 +195,7 @@ def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
         raise InvalidEventError(type_name, m.group(1), Rule.INVALID.value) from None
     except (msgspec.DecodeError, RecursionError) as e:  # pragma: no cover - strictjson already parsed it
         raise MalformedRecordError(str(e)) from None
-    validate_event(event)
+    validate_event(event, decoded=True)
     return event
 
 

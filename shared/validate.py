@@ -9,6 +9,7 @@ the wrong Python type are reported, never crash.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
@@ -62,6 +63,9 @@ def is_rfc3339(value: object) -> bool:
     return True
 
 
+IdCheck = Callable[[object], bool]
+
+
 def is_uuid(value: object) -> bool:
     """Canonical lowercase 8-4-4-4-12 UUID string."""
     return isinstance(value, str) and _UUID_RE.match(value) is not None
@@ -71,7 +75,21 @@ def _fail(event: str, field: str, rule: Rule) -> InvalidEventError:
     return InvalidEventError(event, field, rule.value)
 
 
-def _check_id(name: str, field: str, value: object, *, required: bool) -> None:
+def _shape_checked(value: object) -> bool:
+    """For decoded events: msgspec already matched every id and timestamp against its pattern."""
+    return True
+
+
+def _real_instant(value: object) -> bool:
+    """For decoded events: the pattern matched; only whether the date exists is left."""
+    try:
+        datetime.fromisoformat(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_id(name: str, field: str, value: object, *, required: bool, uuid: IdCheck = is_uuid) -> None:
     if not isinstance(value, str):
         raise _fail(name, field, Rule.INVALID)
     if not value:
@@ -80,20 +98,26 @@ def _check_id(name: str, field: str, value: object, *, required: bool) -> None:
         return
     if not required:
         raise _fail(name, field, Rule.MUST_BE_ZERO)
-    if not is_uuid(value):
+    if not uuid(value):
         raise _fail(name, field, Rule.INVALID)
 
 
-def _check_optional_id(name: str, field: str, value: object) -> None:
+def _check_optional_id(name: str, field: str, value: object, uuid: IdCheck = is_uuid) -> None:
     if not isinstance(value, str):
         raise _fail(name, field, Rule.INVALID)
-    if value and not is_uuid(value):
+    if value and not uuid(value):
         raise _fail(name, field, Rule.INVALID)
 
 
-def validate_event(e: object) -> None:
-    """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise."""
+def validate_event(e: object, *, decoded: bool = False) -> None:
+    """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise.
+
+    ``decoded``: ``e`` comes from a msgspec decoder of its own type, which already matched its header
+    ids and timestamp against their patterns (``shared.wiretypes``); those are not matched again. The
+    codec passes it; anything built in code is checked in full.
+    """
     cls = type(e)
+    uuid, instant = (_shape_checked, _real_instant) if decoded else (is_uuid, is_rfc3339)
     if not isinstance(e, Event) or cls not in ev.CLASSIFICATION:
         raise _fail(getattr(cls, "__name__", "?"), "type", Rule.UNKNOWN_TYPE)
     name = cls.__name__
@@ -102,30 +126,30 @@ def validate_event(e: object) -> None:
     if klass is Class.ENDURING:
         if not e.event_id:
             raise _fail(name, "event_id", Rule.REQUIRED)
-        if not is_uuid(e.event_id):
+        if not uuid(e.event_id):
             raise _fail(name, "event_id", Rule.INVALID)
         if not isinstance(e.created_at, str) or not e.created_at:
             raise _fail(name, "created_at", Rule.REQUIRED)
-        if not is_rfc3339(e.created_at):
+        if not instant(e.created_at):
             raise _fail(name, "created_at", Rule.INVALID)
     else:
-        _check_optional_id(name, "event_id", e.event_id)
-        if not isinstance(e.created_at, str) or (e.created_at and not is_rfc3339(e.created_at)):
+        _check_optional_id(name, "event_id", e.event_id, uuid)
+        if not isinstance(e.created_at, str) or (e.created_at and not instant(e.created_at)):
             raise _fail(name, "created_at", Rule.INVALID)
     if e.v != 1:
         raise _fail(name, "v", Rule.INVALID)
 
     # identity profile: session (optional everywhere) ▸ loop ▸ turn ▸ step ▸ tool
-    _check_optional_id(name, "session_id", e.session_id)
-    _check_id(name, "loop_id", e.loop_id, required=True)
+    _check_optional_id(name, "session_id", e.session_id, uuid)
+    _check_id(name, "loop_id", e.loop_id, required=True, uuid=uuid)
     if isinstance(e.step_id, str) and e.step_id and not e.turn_id:
         raise _fail(name, "turn_id", Rule.REQUIRED)  # StepID requires TurnID
-    _check_id(name, "turn_id", e.turn_id, required=profile is not Profile.LOOP)
-    _check_id(name, "step_id", e.step_id, required=profile in (Profile.STEP, Profile.TOOL, Profile.GATE))
+    _check_id(name, "turn_id", e.turn_id, required=profile is not Profile.LOOP, uuid=uuid)
+    _check_id(name, "step_id", e.step_id, required=profile in (Profile.STEP, Profile.TOOL, Profile.GATE), uuid=uuid)
     if profile is Profile.GATE:
-        _check_optional_id(name, "tool_execution_id", e.tool_execution_id)
+        _check_optional_id(name, "tool_execution_id", e.tool_execution_id, uuid)
     else:
-        _check_id(name, "tool_execution_id", e.tool_execution_id, required=profile is Profile.TOOL)
+        _check_id(name, "tool_execution_id", e.tool_execution_id, required=profile is Profile.TOOL, uuid=uuid)
     if e.cause is not None:
         if not isinstance(e.cause, ev.Cause):
             raise _fail(name, "cause", Rule.INVALID)
