@@ -197,3 +197,16 @@ def test_asyncapi_references_the_payload_schemas_definitions() -> None:
         in_files = [doc["$defs"][name] for doc in files.values() if name in doc.get("$defs", {})]
         assert in_files and all(d == components[name] for d in in_files), name
     assert "discriminator" not in text
+
+
+def test_named_string_constants_are_the_wire_vocabularies() -> None:
+    # Constants other modules spell out are members of the one vocabulary definition.
+    from services.model_step import policy
+    from services.tools import protocol as tools
+    from shared import wiretypes
+
+    assert {tools.ERROR_TIMEOUT, tools.ERROR_CANCELED, tools.ERROR_INTERNAL, tools.ERROR_NOT_STARTED} == set(
+        wiretypes.TOOL_ERROR_KINDS
+    )
+    assert {policy.ALLOW, policy.DENY, policy.ASK} == set(wiretypes.POLICY_EFFECTS)
+    assert set(wiretypes.ANSWER_ACTIONS) == set(wiretypes.GATE_ACTIONS) - {"abandoned"}
