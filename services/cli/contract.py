@@ -157,6 +157,8 @@ def render_schemas() -> dict[str, str]:
         "(loopwire schema --out schemas). See docs/asyncapi.yaml for subjects and headers.",
         "envelope_version": 1,
         "files": sorted(files),
+        "conformance": f"{CONFORMANCE_DIR}/valid and {CONFORMANCE_DIR}/invalid: records every implementation must "
+        "accept / refuse (hand-written; see docs/protocol.md, Conformance corpus).",
     }
     out = {path: dumps_json(doc) for path, doc in files.items()}
     out["index.json"] = dumps_json(index)
