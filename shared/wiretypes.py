@@ -122,19 +122,10 @@ CauseRef = Annotated[
 # --- counts and indexes ---------------------------------------------------------------------------
 
 EnvelopeVersion = Literal[1]
-# msgspec bounds must fit an int64; its integer decoding itself stops at uint64's maximum, which the
-# schemas state as the maximum.
-_UINT64: Final = {"maximum": UINT64_MAX}
-TurnIndex = Annotated[
-    int, Meta(ge=1, title="TurnIndex", description="1 for a loop's first turn.", extra_json_schema=_UINT64)
-]
-Count = Annotated[
-    int, Meta(ge=0, title="Count", description="A non-negative count or index.", extra_json_schema=_UINT64)
-]
-TokenCount = Annotated[
-    int,
-    Meta(ge=0, title="TokenCount", description="A token count (uint64).", extra_json_schema=_UINT64),
-]
+# No upper bound: msgspec decodes integers of any size (and its bounds must fit an int64).
+TurnIndex = Annotated[int, Meta(ge=1, title="TurnIndex", description="1 for a loop's first turn.")]
+Count = Annotated[int, Meta(ge=0, title="Count", description="A non-negative count or index.")]
+TokenCount = Annotated[int, Meta(ge=0, title="TokenCount", description="A token count.")]
 LimitValue = Annotated[int, Meta(ge=1, le=1_000_000, title="LimitValue", description="A per-loop limit, 1 to 10^6.")]
 Seq = Annotated[int, Meta(ge=0, le=INT64_MAX, title="Seq", description="A history stream sequence (0 = none).")]
 

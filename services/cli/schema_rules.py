@@ -36,6 +36,10 @@ _NAMED: Final[dict[str, Any]] = {
     "Rfc3339": wiretypes.Rfc3339,
 }
 _EMPTY: Final = {"const": ""}
+# msgspec requires a struct's tag only where it picks a member of a union: a message decoded as one
+# type (InputSubmitted.message, TurnDone.message...) may leave "role" out, one in StepDone.messages may not.
+_MESSAGES: Final = ("UserMessage", "SystemMessage", "AIMessage", "ToolResultMessage")
+_ROLE_REQUIRED: Final = {"type": "object", "properties": {"role": {"type": "string"}}, "required": ["role"]}
 _NON_EMPTY_BLOCKS: Final = {
     "type": "object",
     "required": ["blocks"],
@@ -255,12 +259,14 @@ def _body_rules(name: str, node: dict[str, Any], ref: Ref) -> None:
         # The group rule's shape: [assistant message] + one tool result per tool use (pairing: docs).
         props["messages"] = {
             "type": "array",
-            "prefixItems": [{"$ref": ref("AIMessage")}],
-            "items": {"$ref": ref("ToolResultMessage")},
+            "prefixItems": [{"allOf": [{"$ref": ref("AIMessage")}, _ROLE_REQUIRED]}],
+            "items": {"allOf": [{"$ref": ref("ToolResultMessage")}, _ROLE_REQUIRED]},
             "minItems": 1,
             "maxItems": MAX_STEP_MESSAGES,
         }
         need("messages")
+    elif name in _MESSAGES:
+        node["required"] = [f for f in required if f != "role"]
     elif name in ("PermissionRequested", "GateOpened"):
         need("request" if name == "PermissionRequested" else "gate")
     elif name == "Limits":

@@ -233,3 +233,93 @@ def test_format_checking_is_on() -> None:
                 "created_at": "2026-02-30T00:00:00Z",
             }
         )
+
+
+# --- beyond the corpus: mutated records -------------------------------------------------------------------
+
+_MUTANTS = 1500
+_VALUES: list[Any] = [
+    "",
+    "x",
+    " ",
+    "\n",
+    "0f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c11",
+    "0F3C9A52-1B7E-4C1A-9E55-2D6B8F0A7C11",
+    "2026-01-15T09:30:00Z",
+    "2026-02-29T00:00:00Z",
+    0,
+    1,
+    -1,
+    255,
+    256,
+    1_000_001,
+    2**64,
+    1.5,
+    True,
+    None,
+    [],
+    {},
+    ["x"],
+    {"a": 1},
+    "allow",
+    "approve",
+    "abandoned",
+    "tool_use",
+    "assistant",
+    "tool",
+    "permission",
+    "unknown",
+    "policy_allow",
+    "*",
+    "a" * 600,
+    "é" * 400,
+    "l\n" * 25,
+    {"role": "tool", "tool_use_id": "toolu_1"},
+    {"role": "assistant"},
+    {"type": "text", "text": "t"},
+]
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if prefix:
+        yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*prefix, i))
+
+
+def test_mutated_records_the_schema_refuses_the_decoder_refuses() -> None:
+    """Random edits of the valid records: the schema is never stricter than the decoder, and for every
+    type but StepDone (whose tool-use pairing is decoder-only) the two agree exactly."""
+    import copy
+    import random
+
+    rng = random.Random(20260115)
+    cases = [_load(p) for p in _cases("valid")]
+    checked = disagreements = 0
+    for _ in range(_MUTANTS):
+        case = copy.deepcopy(rng.choice(cases))
+        record = case["record"]
+        path = rng.choice(list(_paths(record)))
+        parent = record
+        for k in path[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and rng.random() < 0.2:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = copy.deepcopy(rng.choice(_VALUES))
+        try:
+            _decode(case)
+            decoded = True
+        except LoopwireError:
+            decoded = False
+        schema_ok = _validator(case["schema"]).is_valid(record)
+        checked += 1
+        if decoded != schema_ok:
+            assert not decoded and schema_ok, f"the schema refuses what the decoder accepts: {record}"
+            assert record["type"] == "StepDone" and path[0] == "messages", record
+            disagreements += 1
+    assert checked == _MUTANTS and disagreements < checked // 10
