@@ -29,7 +29,14 @@ from shared.content import (
 from shared.errors import InvalidEventError, Rule
 from shared.events import Class, Event, Profile
 from shared.strictjson import is_strict
-from shared.wiretypes import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES
+from shared.wiretypes import (
+    PREVIEW_MAX_BYTES,
+    PREVIEW_MAX_LINES,
+    RFC3339_PATTERN,
+    SUMMARY_MAX_BYTES,
+    TOOL_NAME_PATTERN,
+    UUID_PATTERN,
+)
 
 __all__ = [
     "PREVIEW_MAX_BYTES",
@@ -42,19 +49,18 @@ __all__ = [
     "validate_event",
 ]
 
-_UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+# The same patterns msgspec enforces on decode (shared.wiretypes), for events built in code.
+_UUID_RE: Final = re.compile(UUID_PATTERN)
 # ASCII digits only (``\d`` would accept any Unicode digit); the date itself is checked by datetime.
-_RFC3339_RE: Final = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
-)
+_RFC3339_RE: Final = re.compile(RFC3339_PATTERN)
 
 MAX_STEP_MESSAGES: Final = 10_000
-TOOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+TOOL_NAME_RE: Final = re.compile(TOOL_NAME_PATTERN)
 
 
 def is_rfc3339(value: object) -> bool:
     """An RFC 3339 timestamp with a real date and time (``2024-02-30T...`` is refused)."""
-    if not isinstance(value, str) or _RFC3339_RE.match(value) is None:
+    if not isinstance(value, str) or _RFC3339_RE.search(value) is None:
         return False
     try:
         datetime.fromisoformat(value)
@@ -68,7 +74,7 @@ IdCheck = Callable[[object], bool]
 
 def is_uuid(value: object) -> bool:
     """Canonical lowercase 8-4-4-4-12 UUID string."""
-    return isinstance(value, str) and _UUID_RE.match(value) is not None
+    return isinstance(value, str) and _UUID_RE.search(value) is not None
 
 
 def _fail(event: str, field: str, rule: Rule) -> InvalidEventError:
@@ -192,11 +198,11 @@ def _loop_started(name: str, e: Event) -> None:
     if not isinstance(e.system, str):
         raise _fail(name, "system", Rule.INVALID)
     if e.tools is not None and (
-        not isinstance(e.tools, list) or not all(isinstance(t, str) and TOOL_NAME_RE.match(t) for t in e.tools)
+        not isinstance(e.tools, list) or not all(isinstance(t, str) and TOOL_NAME_RE.search(t) for t in e.tools)
     ):
         raise _fail(name, "tools", Rule.INVALID)
     if not isinstance(e.policy, dict) or not all(
-        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.match(k)) and v in ev.POLICY_EFFECTS
+        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.search(k)) and v in ev.POLICY_EFFECTS
         for k, v in e.policy.items()
     ):
         raise _fail(name, "policy", Rule.INVALID)
