@@ -41,6 +41,7 @@ from shared.protocol import (
 )
 from shared.subjects import Names
 from shared.validate import is_uuid
+from shared.wiretypes import AnswerAction, OnUnknown, PolicyEffect
 
 __all__ = ["ApiResult", "CommitClient", "CommitResult", "LoopClient"]
 
@@ -67,7 +68,7 @@ _api_reply = msgspec.json.Decoder(ApiReply)
 
 
 def _unavailable(message: str) -> UnavailableError:
-    return UnavailableError(ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message=message))
+    return UnavailableError(ErrorBody(kind=ErrorKind.UNAVAILABLE, message=message))
 
 
 # "No responders" is retried this long: a committer that just started (or restarted in a rolling
@@ -96,7 +97,7 @@ def _check_loop_id(loop_id: str) -> None:
     # The committer refuses it too; checking here keeps a malformed id out of the subject.
     if not is_uuid(loop_id):
         message = f"loop id {loop_id!r} is not a canonical UUID"
-        raise InvalidRequestError(ErrorBody(kind=ErrorKind.INVALID.value, message=message, field="loop_id"))
+        raise InvalidRequestError(ErrorBody(kind=ErrorKind.INVALID, message=message, field="loop_id"))
 
 
 class CommitClient:
@@ -137,7 +138,7 @@ class CommitClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise _bad_reply(e) from None
         if not reply.ok or not reply.seqs:
-            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message="empty reply"))
+            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE, message="empty reply"))
         return CommitResult(seqs=list(reply.seqs), last_seq=reply.last_seq or reply.seqs[-1])
 
 
@@ -161,7 +162,7 @@ class LoopClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise _bad_reply(e) from None
         if not reply.ok or reply.seq is None:
-            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message="empty reply"))
+            raise error_from_body(reply.error or ErrorBody(kind=ErrorKind.UNAVAILABLE, message="empty reply"))
         return ApiResult(seq=reply.seq, loop_id=reply.loop_id or loop_id, command_id=command_id)
 
     async def start(
@@ -171,11 +172,11 @@ class LoopClient:
         model: str | None = None,
         system: str | None = None,
         tools: list[str] | None = None,
-        policy: dict[str, str] | None = None,
-        default_policy: str | None = None,
+        policy: dict[str, PolicyEffect] | None = None,
+        default_policy: PolicyEffect | None = None,
         limits: Limits | None = None,
         command_id: str | None = None,
-        on_unknown: str | None = None,
+        on_unknown: OnUnknown | None = None,
         retries: dict[str, RetryPolicy] | None = None,
     ) -> ApiResult:
         """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL."""
@@ -213,7 +214,7 @@ class LoopClient:
         self,
         loop_id: str,
         gate_id: str,
-        action: str,
+        action: AnswerAction,
         *,
         text: str = "",
         reason: str = "",

@@ -40,12 +40,13 @@ __all__ = [
     "UnsupportedSchemaError",
     "decode_event",
     "decode_live",
+    "decode_live_strict",
     "encode_event",
     "encode_live",
 ]
 
 DEFAULT_MAX_RECORD_BYTES: Final = 1024 * 1024  # NATS' default max_payload
-_FIELD_RE: Final = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
+_FIELD_RE: Final = re.compile(r"(?:at|in) `\$\.([A-Za-z0-9_]+)")
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type[Event], msgspec.json.Decoder[Event]] = {
     cls: msgspec.json.Decoder(cls) for cls in EVENT_TYPES.values()
@@ -145,6 +146,19 @@ def _decode_canonical(data: bytes) -> Event | None:
 
 def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Event:
     """Decode and re-validate one v1 envelope."""
+    return _decode_strict(data, max_bytes, ephemeral=False)
+
+
+def decode_live_strict(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Event:
+    """Decode and validate one live event of either class with :func:`decode_event`'s rules.
+
+    What a consumer checking the contract runs on an ephemeral record (``decode_live`` is the lenient
+    reader for the live path, where a bad event is dropped).
+    """
+    return _decode_strict(data, max_bytes, ephemeral=True)
+
+
+def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MalformedRecordError(f"record must be bytes, not {type(data).__name__}")
     if len(data) > max_bytes:
@@ -152,7 +166,7 @@ def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> E
     fast = _decode_canonical(bytes(data))
     if fast is not None:
         try:
-            validate_event(fast)
+            validate_event(fast, decoded=True)
             return fast
         except LoopwireError:
             pass  # invalid: the strict path below reports it exactly as it always did
@@ -165,7 +179,7 @@ def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> E
     type_name = doc.get("type")
     if not isinstance(type_name, str) or type_name not in EVENT_TYPES:
         raise UnknownEventTypeError(str(type_name))
-    if type_name in EPHEMERAL_TYPES:
+    if type_name in EPHEMERAL_TYPES and not ephemeral:
         raise EphemeralNotPersistableError(type_name)
     v = doc.get("v", 1)
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -181,7 +195,7 @@ def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> E
         raise InvalidEventError(type_name, m.group(1), Rule.INVALID.value) from None
     except (msgspec.DecodeError, RecursionError) as e:  # pragma: no cover - strictjson already parsed it
         raise MalformedRecordError(str(e)) from None
-    validate_event(event)
+    validate_event(event, decoded=True)
     return event
 
 

@@ -13,8 +13,9 @@ from typing import Final, TypeVar
 import msgspec
 
 from shared.errors import UsageOverflowError
+from shared.wiretypes import UINT64_MAX, TokenCount
 
-UINT64_MAX: Final = 2**64 - 1
+__all__ = ["UINT64_MAX"]
 _JSON_SPACE: Final = b" \t\n\r"
 
 
@@ -76,11 +77,11 @@ Block = TextBlock | RefusalBlock | ThinkingBlock | ToolUseBlock | ImageBlock
 
 
 class Usage(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-    reasoning_tokens: int = 0  # a subset of output_tokens by convention; never enforced
+    input_tokens: TokenCount = 0
+    output_tokens: TokenCount = 0
+    cache_read_tokens: TokenCount = 0
+    cache_creation_tokens: TokenCount = 0
+    reasoning_tokens: TokenCount = 0  # a subset of output_tokens by convention; never enforced
 
     def add(self, other: Usage) -> Usage:
         """Sum two usages; raises :class:`UsageOverflowError` past uint64 instead of wrapping."""

@@ -14,11 +14,85 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
 from shared.content import AIMessage, Message, Usage, UserMessage
+from shared.wiretypes import (
+    DECISION_EFFECTS as DECISION_EFFECTS,
+)
+from shared.wiretypes import (
+    GATE_ACTIONS as GATE_ACTIONS,
+)
+from shared.wiretypes import (
+    GATE_KINDS as GATE_KINDS,
+)
+from shared.wiretypes import (
+    GATE_REASONS as GATE_REASONS,
+)
+from shared.wiretypes import (
+    ON_UNKNOWN_OUTCOMES as ON_UNKNOWN_OUTCOMES,
+)
+from shared.wiretypes import (
+    PERMISSION_EFFECTS as PERMISSION_EFFECTS,
+)
+from shared.wiretypes import (
+    PERMISSION_REASONS as PERMISSION_REASONS,
+)
+from shared.wiretypes import (
+    POLICY_EFFECTS as POLICY_EFFECTS,
+)
+from shared.wiretypes import (
+    RETRYABLE_OUTCOMES as RETRYABLE_OUTCOMES,
+)
+from shared.wiretypes import (
+    TURN_FAILED_KINDS as TURN_FAILED_KINDS,
+)
+from shared.wiretypes import (
+    UNSET,
+    CauseRef,
+    Count,
+    EnvelopeVersion,
+    GateReason,
+    LimitValue,
+    NonBlank,
+    NonEmpty,
+    OnUnknown,
+    PolicyKey,
+    PreviewText,
+    RetryOutcome,
+    Rfc3339OrEmpty,
+    SummaryText,
+    ToolName,
+    TurnIndex,
+    Uuid,
+    UuidOrEmpty,
+)
+from shared.wiretypes import (
+    ChunkKind as ChunkKind,
+)
+from shared.wiretypes import (
+    DecisionEffect as DecisionEffect,
+)
+from shared.wiretypes import (
+    GateAction as GateAction,
+)
+from shared.wiretypes import (
+    GateKind as GateKind,
+)
+from shared.wiretypes import (
+    PermissionEffect as PermissionEffect,
+)
+from shared.wiretypes import (
+    PermissionReason as PermissionReason,
+)
+from shared.wiretypes import (
+    PolicyEffect as PolicyEffect,
+)
+from shared.wiretypes import (
+    TurnFailedKind as TurnFailedKind,
+)
 
 
 class Class(StrEnum):
@@ -47,64 +121,52 @@ class Profile(StrEnum):
 class Cause(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """What caused an event: the client command, an earlier event, or a tool execution."""
 
-    command_id: str = ""
-    event_id: str = ""
-    tool_execution_id: str = ""
+    command_id: CauseRef = ""
+    event_id: CauseRef = ""
+    tool_execution_id: CauseRef = ""
 
 
 class Event(msgspec.Struct, tag_field="type", tag=True, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """Base of every event; the header fields are flattened into the event itself."""
 
-    loop_id: str = ""
-    turn_id: str = ""
-    step_id: str = ""
-    tool_execution_id: str = ""
-    session_id: str = ""
-    event_id: str = ""
-    created_at: str = ""
+    # "" = absent; which ids an event must (and must not) carry is its identity profile.
+    loop_id: UuidOrEmpty = ""
+    turn_id: UuidOrEmpty = ""
+    step_id: UuidOrEmpty = ""
+    tool_execution_id: UuidOrEmpty = ""
+    session_id: UuidOrEmpty = ""
+    event_id: UuidOrEmpty = ""
+    created_at: Rfc3339OrEmpty = ""
     cause: Cause | None = None
     # Envelope schema version. The codec writes it explicitly; v > 1 is refused on decode.
-    v: int = 1
+    v: EnvelopeVersion = 1
 
 
 # --- bodies -------------------------------------------------------------------------------------
-
-POLICY_EFFECTS: Final = ("allow", "deny", "ask")
-TURN_FAILED_KINDS: Final = ("empty_response", "tool_limit", "model_error", "turn_panic", "unknown")
-GATE_KINDS: Final = ("permission", "user_input")
-GATE_ACTIONS: Final = ("approve", "approve_always", "deny", "reply", "abandoned")
-PERMISSION_EFFECTS: Final = ("approve", "deny")
-PERMISSION_REASONS: Final = ("policy_allow", "policy_deny", "always_allowed", "gate_approved", "gate_denied")
-DECISION_EFFECTS: Final = ("approve", "deny", "reply")
-ON_UNKNOWN_OUTCOMES: Final = ("error", "ask")
-# Call outcomes a retry policy may send again (the tool gave no answer); a tool's own error never is.
-RETRYABLE_OUTCOMES: Final = ("crashed", "unavailable", "timeout")
-GATE_REASONS: Final = ("", "outcome_unknown")
 
 
 class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """Per-loop limits (seed defaults). ``max_result_bytes`` 0 = unbounded, else ≥ 256."""
 
-    max_iterations: int = 25
-    max_calls_per_turn: int = 100
-    max_parallel: int = 8
-    max_result_bytes: int = 0
-    max_tokens: int = 0  # 0 = provider default
+    max_iterations: LimitValue = 25
+    max_calls_per_turn: LimitValue = 100
+    max_parallel: LimitValue = 8
+    max_result_bytes: Count = 0  # 0 or >= 256: checked by validate_event (not a msgspec constraint)
+    max_tokens: Count = 0  # 0 = provider default
 
 
 class RetryPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """How a call that ended without a tool answer (worker crashed, no live workers, deadline) is sent
     again. Applies only to read-only or idempotent tools; a tool's own error result is never retried."""
 
-    max_attempts: int = 1  # 1 = no retry
-    initial_backoff_seconds: float = 0.2
-    max_backoff_seconds: float = 2.0
-    # Which outcomes are sent again: any of RETRYABLE_OUTCOMES.
-    retry_on: list[str] = msgspec.field(default_factory=lambda: list(RETRYABLE_OUTCOMES))
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1  # 1 = no retry
+    initial_backoff_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.2
+    max_backoff_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 2.0
+    retry_on: list[RetryOutcome] = msgspec.field(default_factory=lambda: list(RETRYABLE_OUTCOMES))  # type: ignore[arg-type]
 
 
 class TurnError(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    kind: str = "unknown"
+    kind: TurnFailedKind = "unknown"
     message: str = ""
 
 
@@ -122,9 +184,9 @@ class Decision(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, k
     """A per-call authorisation decision taken before anything runs."""
 
     tool_use_id: str = ""
-    tool_execution_id: str = ""
-    effect: str = ""  # approve | deny | reply
-    reason: str = ""
+    tool_execution_id: UuidOrEmpty = ""
+    effect: DecisionEffect = UNSET
+    reason: str = ""  # open-ended: why (policy_allow, gate_denied, user_reply...)
     text: str = ""  # deny: the model-visible denial; reply: the operator's answer (the call's result)
 
 
@@ -134,34 +196,34 @@ class SuspendedStep(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     message: AIMessage = msgspec.field(default_factory=AIMessage)
     calls: list[RawToolUse] = msgspec.field(default_factory=list)
     decisions: list[Decision] = msgspec.field(default_factory=list)
-    iteration: int = 0
-    calls_so_far: int = 0
+    iteration: Count = 0
+    calls_so_far: Count = 0
 
 
 class Gate(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    id: str = ""
-    kind: str = ""  # permission | user_input
-    controls: list[str] = msgspec.field(default_factory=list)
+    id: Uuid = ""
+    kind: GateKind = UNSET
+    controls: list[GateAction] = msgspec.field(default_factory=list)
     tool_use_id: str = ""
     tool_name: str = ""
     step: SuspendedStep | None = None
     # "outcome_unknown": the call may have run already (its step ran before and left no result);
     # approving runs it again. Empty for an ordinary permission or user-input gate.
-    reason: str = ""
+    reason: GateReason = ""
 
 
 class PermissionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    gate_id: str = ""
-    tool_name: str = ""
+    gate_id: Uuid = ""
+    tool_name: NonEmpty = ""
     summary: str = ""
 
 
 class Chunk(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """One streamed model fragment. ``kind``: text | refusal | thinking | signature | tool_use."""
 
-    kind: str = "text"
+    kind: ChunkKind = "text"
     text: str = ""
-    index: int = 0
+    index: Count = 0
     id: str = ""
     name: str = ""
 
@@ -170,18 +232,18 @@ class Chunk(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_o
 
 
 class LoopStarted(Event):
-    model: str = ""
+    model: Annotated[str, msgspec.Meta(max_length=512)] = ""
     system: str = ""
-    tools: list[str] | None = None  # allow-list; None = every live tool
-    policy: dict[str, str] = msgspec.field(default_factory=dict)
-    default_policy: str = "allow"
+    tools: list[ToolName] | None = None  # allow-list; None = every live tool
+    policy: dict[PolicyKey, PolicyEffect] = msgspec.field(default_factory=dict)
+    default_policy: PolicyEffect = "allow"
     limits: Limits = msgspec.field(default_factory=Limits)
     # A call that may have run but left no recorded result when its step runs again, of a tool that
     # is neither read-only nor idempotent: "error" (the model reads that the outcome is unknown) or
     # "ask" (an operator gate: approve runs it again).
-    on_unknown: str = "error"
+    on_unknown: OnUnknown = "error"
     # Per tool name: overrides the retry policy the tool declares.
-    retries: dict[str, RetryPolicy] = msgspec.field(default_factory=dict)
+    retries: dict[ToolName, RetryPolicy] = msgspec.field(default_factory=dict)
 
 
 class InputSubmitted(Event):
@@ -200,12 +262,12 @@ class LoopClosed(Event):
 
 
 class TurnStarted(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     message: UserMessage = msgspec.field(default_factory=UserMessage)
 
 
 class TurnFoldedInto(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     message: UserMessage = msgspec.field(default_factory=UserMessage)
 
 
@@ -214,18 +276,18 @@ class StepDone(Event):
 
 
 class TurnDone(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     message: AIMessage | None = None
     usage: Usage | None = None
 
 
 class TurnFailed(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     err: TurnError = msgspec.field(default_factory=TurnError)
 
 
 class TurnInterrupted(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     reason: str = ""
 
 
@@ -238,13 +300,13 @@ class PermissionRequested(Event):
 
 class PermissionDecided(Event):
     tool_name: str = ""
-    effect: str = ""  # approve | deny
-    reason: str = ""
+    effect: PermissionEffect = UNSET
+    reason: PermissionReason = UNSET
 
 
 class UserInputRequested(Event):
-    gate_id: str = ""
-    question: str = ""
+    gate_id: Uuid = ""
+    question: NonBlank = ""
     choices: list[str] = msgspec.field(default_factory=list)
 
 
@@ -253,8 +315,8 @@ class GateOpened(Event):
 
 
 class GateResolved(Event):
-    gate_id: str = ""
-    action: str = ""  # approve | approve_always | deny | reply | abandoned
+    gate_id: Uuid = ""
+    action: GateAction = UNSET
     text: str = ""
     reason: str = ""
     resolver: str = ""
@@ -264,22 +326,22 @@ class GateResolved(Event):
 
 
 class TokenDelta(Event):
-    turn_index: int = 0
+    turn_index: TurnIndex = 0
     chunk: Chunk = msgspec.field(default_factory=Chunk)
 
 
 class ToolCallStarted(Event):
     tool_name: str = ""
     tool_use_id: str = ""
-    summary: str = ""
+    summary: SummaryText = ""
     replayed: bool = False  # the call finished before (its recorded result is used; nothing runs)
 
 
 class ToolCallCompleted(Event):
     tool_use_id: str = ""
     is_error: bool = False
-    result_preview: str = ""
-    duration_ms: int = 0
+    result_preview: PreviewText = ""
+    duration_ms: Count = 0
     replayed: bool = False
 
 

@@ -26,6 +26,7 @@ from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
 from shared.events import Limits, RetryPolicy
 from shared.shaping import bounded_diagnostic
+from shared.wiretypes import AnswerAction, Count, OnUnknown, PolicyEffect, PolicyKey, Seq, ToolName, Uuid
 
 __all__ = [
     "AnswerRequest",
@@ -50,7 +51,6 @@ __all__ = [
     "error_from_body",
 ]
 
-ANSWER_ACTIONS: Final = ("approve", "approve_always", "deny", "reply")
 # Longest error message / error field (event, field, rule) in a reply, in UTF-8 bytes.
 ERROR_MESSAGE_MAX_BYTES: Final = 2048
 ERROR_FIELD_MAX_BYTES: Final = 256
@@ -71,13 +71,13 @@ class ErrorBody(_Wire):
     current last sequence.
     """
 
-    kind: str
+    kind: ErrorKind
     message: str = ""
     event: str = ""
     field: str = ""
     rule: str = ""
-    index: int | None = None
-    last_seq: int | None = None
+    index: Count | None = None
+    last_seq: Seq | None = None
 
 
 class RemoteError(LoopwireError):
@@ -148,22 +148,22 @@ class WireError(LoopwireError):
             k: bounded_diagnostic(v, ERROR_FIELD_MAX_BYTES) if isinstance(v, str) else v for k, v in self.fields.items()
         }
         message = bounded_diagnostic(str(self), ERROR_MESSAGE_MAX_BYTES)
-        return ErrorBody(kind=self.kind.value, message=message, **fields)  # type: ignore[arg-type]
+        return ErrorBody(kind=self.kind, message=message, **fields)  # type: ignore[arg-type]
 
 
 # --- commit -----------------------------------------------------------------------------------
 
 
 class CommitRequest(_Wire):
-    expected_last_seq: int
+    expected_last_seq: Seq
     # Each element is one v1 envelope, embedded as a JSON object (kept raw: validated one by one).
     events: list[msgspec.Raw]
 
 
 class CommitReply(_Wire):
     ok: bool
-    seqs: list[int] | None = None
-    last_seq: int | None = None
+    seqs: list[Seq] | None = None
+    last_seq: Seq | None = None
     error: ErrorBody | None = None
 
 
@@ -171,39 +171,39 @@ class CommitReply(_Wire):
 
 
 class StartRequest(_Wire):
-    command_id: str
+    command_id: Uuid
     model: str | None = None
     system: str | None = None
-    tools: list[str] | None = None
-    policy: dict[str, str] | None = None
-    default_policy: str | None = None
+    tools: list[ToolName] | None = None
+    policy: dict[PolicyKey, PolicyEffect] | None = None
+    default_policy: PolicyEffect | None = None
     limits: Limits | None = None
-    on_unknown: str | None = None
-    retries: dict[str, RetryPolicy] | None = None
+    on_unknown: OnUnknown | None = None
+    retries: dict[ToolName, RetryPolicy] | None = None
 
 
 class InputRequest(_Wire):
     """Exactly one of ``text`` and ``message``."""
 
-    command_id: str
+    command_id: Uuid
     text: str | None = None
     message: UserMessage | None = None
 
 
 class AnswerRequest(_Wire):
-    command_id: str
-    gate_id: str
-    action: str  # approve | approve_always | deny | reply
+    command_id: Uuid
+    gate_id: Uuid
+    action: AnswerAction
     text: str = ""
     reason: str = ""
 
 
 class InterruptRequest(_Wire):
-    command_id: str
+    command_id: Uuid
 
 
 class CloseRequest(_Wire):
-    command_id: str
+    command_id: Uuid
 
 
 REQUEST_TYPES: Final[dict[str, type[_Wire]]] = {
@@ -217,15 +217,15 @@ REQUEST_TYPES: Final[dict[str, type[_Wire]]] = {
 
 class ApiReply(_Wire):
     ok: bool
-    seq: int | None = None
-    loop_id: str | None = None
+    seq: Seq | None = None
+    loop_id: Uuid | None = None
     error: ErrorBody | None = None
 
 
 # --- coding -----------------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
-_FIELD_RE: Final = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
+_FIELD_RE: Final = re.compile(r"(?:at|in) `\$\.([A-Za-z0-9_]+)")
 _MISSING_RE: Final = re.compile(r"^Object missing required field `([A-Za-z0-9_]+)`$")
 _UNKNOWN_RE: Final = re.compile(r"^Object contains unknown field `([A-Za-z0-9_]+)`$")
 T = TypeVar("T", bound=_Wire)

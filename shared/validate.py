@@ -9,6 +9,7 @@ the wrong Python type are reported, never crash.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
@@ -28,25 +29,38 @@ from shared.content import (
 from shared.errors import InvalidEventError, Rule
 from shared.events import Class, Event, Profile
 from shared.strictjson import is_strict
-
-__all__ = ["InvalidEventError", "Rule", "is_rfc3339", "is_uuid", "validate_event"]
-
-_UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-# ASCII digits only (``\d`` would accept any Unicode digit); the date itself is checked by datetime.
-_RFC3339_RE: Final = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z"
+from shared.wiretypes import (
+    PREVIEW_MAX_BYTES,
+    PREVIEW_MAX_LINES,
+    RFC3339_PATTERN,
+    SUMMARY_MAX_BYTES,
+    TOOL_NAME_PATTERN,
+    UUID_PATTERN,
 )
 
-SUMMARY_MAX_BYTES: Final = 1024
-PREVIEW_MAX_BYTES: Final = 2048
-PREVIEW_MAX_LINES: Final = 20
+__all__ = [
+    "PREVIEW_MAX_BYTES",
+    "PREVIEW_MAX_LINES",
+    "SUMMARY_MAX_BYTES",
+    "InvalidEventError",
+    "Rule",
+    "is_rfc3339",
+    "is_uuid",
+    "validate_event",
+]
+
+# The same patterns msgspec enforces on decode (shared.wiretypes), for events built in code.
+_UUID_RE: Final = re.compile(UUID_PATTERN)
+# ASCII digits only (``\d`` would accept any Unicode digit); the date itself is checked by datetime.
+_RFC3339_RE: Final = re.compile(RFC3339_PATTERN)
+
 MAX_STEP_MESSAGES: Final = 10_000
-TOOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+TOOL_NAME_RE: Final = re.compile(TOOL_NAME_PATTERN)
 
 
 def is_rfc3339(value: object) -> bool:
     """An RFC 3339 timestamp with a real date and time (``2024-02-30T...`` is refused)."""
-    if not isinstance(value, str) or _RFC3339_RE.match(value) is None:
+    if not isinstance(value, str) or _RFC3339_RE.search(value) is None:
         return False
     try:
         datetime.fromisoformat(value)
@@ -55,16 +69,33 @@ def is_rfc3339(value: object) -> bool:
     return True
 
 
+IdCheck = Callable[[object], bool]
+
+
 def is_uuid(value: object) -> bool:
     """Canonical lowercase 8-4-4-4-12 UUID string."""
-    return isinstance(value, str) and _UUID_RE.match(value) is not None
+    return isinstance(value, str) and _UUID_RE.search(value) is not None
 
 
 def _fail(event: str, field: str, rule: Rule) -> InvalidEventError:
     return InvalidEventError(event, field, rule.value)
 
 
-def _check_id(name: str, field: str, value: object, *, required: bool) -> None:
+def _shape_checked(value: object) -> bool:
+    """For decoded events: msgspec already matched every id and timestamp against its pattern."""
+    return True
+
+
+def _real_instant(value: object) -> bool:
+    """For decoded events: the pattern matched; only whether the date exists is left."""
+    try:
+        datetime.fromisoformat(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_id(name: str, field: str, value: object, *, required: bool, uuid: IdCheck = is_uuid) -> None:
     if not isinstance(value, str):
         raise _fail(name, field, Rule.INVALID)
     if not value:
@@ -73,20 +104,26 @@ def _check_id(name: str, field: str, value: object, *, required: bool) -> None:
         return
     if not required:
         raise _fail(name, field, Rule.MUST_BE_ZERO)
-    if not is_uuid(value):
+    if not uuid(value):
         raise _fail(name, field, Rule.INVALID)
 
 
-def _check_optional_id(name: str, field: str, value: object) -> None:
+def _check_optional_id(name: str, field: str, value: object, uuid: IdCheck = is_uuid) -> None:
     if not isinstance(value, str):
         raise _fail(name, field, Rule.INVALID)
-    if value and not is_uuid(value):
+    if value and not uuid(value):
         raise _fail(name, field, Rule.INVALID)
 
 
-def validate_event(e: object) -> None:
-    """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise."""
+def validate_event(e: object, *, decoded: bool = False) -> None:
+    """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise.
+
+    ``decoded``: ``e`` comes from a msgspec decoder of its own type, which already matched its header
+    ids and timestamp against their patterns (``shared.wiretypes``); those are not matched again. The
+    codec passes it; anything built in code is checked in full.
+    """
     cls = type(e)
+    uuid, instant = (_shape_checked, _real_instant) if decoded else (is_uuid, is_rfc3339)
     if not isinstance(e, Event) or cls not in ev.CLASSIFICATION:
         raise _fail(getattr(cls, "__name__", "?"), "type", Rule.UNKNOWN_TYPE)
     name = cls.__name__
@@ -95,28 +132,30 @@ def validate_event(e: object) -> None:
     if klass is Class.ENDURING:
         if not e.event_id:
             raise _fail(name, "event_id", Rule.REQUIRED)
-        if not is_uuid(e.event_id):
+        if not uuid(e.event_id):
             raise _fail(name, "event_id", Rule.INVALID)
         if not isinstance(e.created_at, str) or not e.created_at:
             raise _fail(name, "created_at", Rule.REQUIRED)
-        if not is_rfc3339(e.created_at):
+        if not instant(e.created_at):
             raise _fail(name, "created_at", Rule.INVALID)
     else:
-        _check_optional_id(name, "event_id", e.event_id)
+        _check_optional_id(name, "event_id", e.event_id, uuid)
+        if not isinstance(e.created_at, str) or (e.created_at and not instant(e.created_at)):
+            raise _fail(name, "created_at", Rule.INVALID)
     if e.v != 1:
         raise _fail(name, "v", Rule.INVALID)
 
     # identity profile: session (optional everywhere) ▸ loop ▸ turn ▸ step ▸ tool
-    _check_optional_id(name, "session_id", e.session_id)
-    _check_id(name, "loop_id", e.loop_id, required=True)
+    _check_optional_id(name, "session_id", e.session_id, uuid)
+    _check_id(name, "loop_id", e.loop_id, required=True, uuid=uuid)
     if isinstance(e.step_id, str) and e.step_id and not e.turn_id:
         raise _fail(name, "turn_id", Rule.REQUIRED)  # StepID requires TurnID
-    _check_id(name, "turn_id", e.turn_id, required=profile is not Profile.LOOP)
-    _check_id(name, "step_id", e.step_id, required=profile in (Profile.STEP, Profile.TOOL, Profile.GATE))
+    _check_id(name, "turn_id", e.turn_id, required=profile is not Profile.LOOP, uuid=uuid)
+    _check_id(name, "step_id", e.step_id, required=profile in (Profile.STEP, Profile.TOOL, Profile.GATE), uuid=uuid)
     if profile is Profile.GATE:
-        _check_optional_id(name, "tool_execution_id", e.tool_execution_id)
+        _check_optional_id(name, "tool_execution_id", e.tool_execution_id, uuid)
     else:
-        _check_id(name, "tool_execution_id", e.tool_execution_id, required=profile is Profile.TOOL)
+        _check_id(name, "tool_execution_id", e.tool_execution_id, required=profile is Profile.TOOL, uuid=uuid)
     if e.cause is not None:
         if not isinstance(e.cause, ev.Cause):
             raise _fail(name, "cause", Rule.INVALID)
@@ -159,11 +198,11 @@ def _loop_started(name: str, e: Event) -> None:
     if not isinstance(e.system, str):
         raise _fail(name, "system", Rule.INVALID)
     if e.tools is not None and (
-        not isinstance(e.tools, list) or not all(isinstance(t, str) and TOOL_NAME_RE.match(t) for t in e.tools)
+        not isinstance(e.tools, list) or not all(isinstance(t, str) and TOOL_NAME_RE.search(t) for t in e.tools)
     ):
         raise _fail(name, "tools", Rule.INVALID)
     if not isinstance(e.policy, dict) or not all(
-        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.match(k)) and v in ev.POLICY_EFFECTS
+        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.search(k)) and v in ev.POLICY_EFFECTS
         for k, v in e.policy.items()
     ):
         raise _fail(name, "policy", Rule.INVALID)

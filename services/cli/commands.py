@@ -53,6 +53,7 @@ from shared.protocol import RemoteError
 from shared.settings import Settings
 from shared.subjects import Names
 from shared.validate import is_uuid
+from shared.wiretypes import AnswerAction, PolicyEffect
 
 __all__ = ["CliError", "TurnTracker", "open_nats", "session", "wait_for_turn"]
 
@@ -279,13 +280,13 @@ async def wait_for_turn(
 # --- commands -----------------------------------------------------------------------------------
 
 
-def parse_policy(items: list[str]) -> dict[str, str]:
-    policy: dict[str, str] = {}
+def parse_policy(items: list[str]) -> dict[str, PolicyEffect]:
+    policy: dict[str, PolicyEffect] = {}
     for item in items:
         tool_name, sep, effect = item.partition("=")
         if not sep or not tool_name or effect not in POLICY_EFFECTS:
             raise CliError(f"--policy wants TOOL=allow|deny|ask (TOOL may be *), got {item!r}")
-        policy[tool_name] = effect
+        policy[tool_name] = cast(PolicyEffect, effect)
     return policy
 
 
@@ -566,7 +567,7 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _answer(
-    args: argparse.Namespace, settings: Settings, action: str, *, text: str = "", reason: str = ""
+    args: argparse.Namespace, settings: Settings, action: AnswerAction, *, text: str = "", reason: str = ""
 ) -> int:
     gate_id = require_uuid(args.gate, "GATE")
     async with session(settings) as nc:

@@ -20,23 +20,14 @@ import msgspec
 from services.tools import protocol as tool_protocol
 from services.tools.spec import Registration, ToolSpec
 from shared import protocol, subjects
-from shared.errors import ErrorKind, Rule
-from shared.events import (
-    CLASSIFICATION,
-    DECISION_EFFECTS,
-    ENDURING_TYPES,
-    EPHEMERAL_TYPES,
-    EVENT_TYPES,
-    GATE_ACTIONS,
-    GATE_KINDS,
-    PERMISSION_EFFECTS,
-    PERMISSION_REASONS,
-    POLICY_EFFECTS,
-    TURN_FAILED_KINDS,
-    Event,
-)
+from shared.errors import Rule
+from shared.events import CLASSIFICATION, ENDURING_TYPES, EPHEMERAL_TYPES, EVENT_TYPES, Event
 from shared.results import CallRecord, StepPlan
 
+from . import schema_rules
+
+# Hand-written test records under schemas/ (not generated; see tests/unit/test_conformance.py).
+CONFORMANCE_DIR: Final = "conformance"
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 ASYNCAPI_VERSION: Final = "3.0.0"
 CONTRACT_VERSION: Final = "1.0.0"  # envelope v1
@@ -117,10 +108,13 @@ def _rename_refs(value: Any, renames: Mapping[str, str]) -> Any:
 
 
 def _components(types: Iterable[Any], ref_template: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """msgspec's schemas of ``types`` and their definitions, refined by :mod:`services.cli.schema_rules`."""
     tops, defs = msgspec.json.schema_components(list(types), ref_template=ref_template)
     renames = {k: v for k, v in _RENAME.items() if k in defs}
     defs = {renames.get(k, k): v for k, v in defs.items()}
-    return _rename_refs(list(tops), renames), _rename_refs(defs, renames)
+    tops, defs = _rename_refs(list(tops), renames), _rename_refs(defs, renames)
+    defs = schema_rules.refine(defs, lambda name: ref_template.format(name=name))
+    return schema_rules.strip_discriminators(tops), defs
 
 
 def _commit_events_items(defs: dict[str, Any], union_schema: dict[str, Any]) -> None:
@@ -140,7 +134,7 @@ def standalone_schema(name: str, type_: Any) -> dict[str, Any]:
     if name in DESCRIPTIONS:
         doc["description"] = DESCRIPTIONS[name]
     doc.update(tops[0])
-    doc["$defs"] = dict(sorted(defs.items()))
+    doc["$defs"] = schema_rules.reachable([tops[0]], defs, lambda n: f"#/$defs/{n}")
     return doc
 
 
@@ -171,6 +165,8 @@ def render_schemas() -> dict[str, str]:
         "(loopwire schema --out schemas). See docs/asyncapi.yaml for subjects and headers.",
         "envelope_version": 1,
         "files": sorted(files),
+        "conformance": f"{CONFORMANCE_DIR}/valid and {CONFORMANCE_DIR}/invalid: records every implementation must "
+        "accept / refuse (hand-written; see docs/protocol.md, Conformance corpus).",
     }
     out = {path: dumps_json(doc) for path, doc in files.items()}
     out["index.json"] = dumps_json(index)
@@ -182,6 +178,10 @@ def render_schemas() -> dict[str, str]:
 
 def _enum(values: Iterable[str], description: str) -> dict[str, Any]:
     return {"type": "string", "enum": list(values), "description": description}
+
+
+def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {**schema, "description": description}
 
 
 def _header_schema(props: Mapping[str, tuple[str, str]], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -231,8 +231,8 @@ def asyncapi_document() -> dict[str, Any]:
     for name, desc in DESCRIPTIONS.items():
         if name in schemas and "description" not in schemas[name]:
             schemas[name] = {"description": desc, **schemas[name]}
-    schemas["ErrorKind"] = _enum(
-        [k.value for k in ErrorKind],
+    schemas["ErrorKind"] = _described(
+        schemas["ErrorKind"],
         "error.kind of a failed commit or loop-API reply: invalid (bad request or event; event/field/rule/index "
         "say which), conflict (expected_last_seq is stale; last_seq is the current one), unavailable (JetStream "
         "did not answer in time; retrying the same request is safe), too_large (over the record size limit), "
@@ -241,27 +241,9 @@ def asyncapi_document() -> dict[str, Any]:
     schemas["Rule"] = _enum(
         [r.value for r in Rule], "error.rule of an invalid event (with error.event and error.field)."
     )
-    schemas["TurnFailedKind"] = _enum(TURN_FAILED_KINDS, "TurnFailed.err.kind")
-    schemas["PolicyEffect"] = _enum(POLICY_EFFECTS, "LoopStarted.policy values and default_policy")
-    schemas["GateKind"] = _enum(GATE_KINDS, "Gate.kind")
-    schemas["GateAction"] = _enum(GATE_ACTIONS, "GateResolved.action (AnswerRequest.action without abandoned)")
-    schemas["PermissionEffect"] = _enum(PERMISSION_EFFECTS, "PermissionDecided.effect")
-    schemas["PermissionReason"] = _enum(PERMISSION_REASONS, "PermissionDecided.reason")
-    schemas["DecisionEffect"] = _enum(DECISION_EFFECTS, "Decision.effect of a suspended step")
     schemas["ToolReplyKind"] = _enum(
         [tool_protocol.REPLY_PROGRESS, tool_protocol.REPLY_RESULT, tool_protocol.REPLY_ERROR],
         f"{subjects.H_REPLY_KIND} header of a tool-call reply",
-    )
-    schemas["ToolErrorKind"] = _enum(
-        [
-            tool_protocol.ERROR_TIMEOUT,
-            tool_protocol.ERROR_CANCELED,
-            tool_protocol.ERROR_INTERNAL,
-            tool_protocol.ERROR_NOT_STARTED,
-            tool_protocol.ERROR_UNAVAILABLE,
-            tool_protocol.ERROR_CRASHED,
-        ],
-        "ToolErrorBody.kind",
     )
 
     history_headers = _header_schema(
@@ -611,7 +593,7 @@ def asyncapi_document() -> dict[str, Any]:
         },
         "channels": channels,
         "operations": operations,
-        "components": {"schemas": schemas, "messages": messages},
+        "components": {"schemas": schema_rules.for_asyncapi(schemas), "messages": messages},
     }
 
 
@@ -701,7 +683,8 @@ def schema_drift(directory: Path) -> list[str]:
             problems.append(f"differs: {path}")
     if directory.is_dir():
         for path in sorted(directory.rglob("*.json")):
-            if path.relative_to(directory).as_posix() not in want:
+            rel = path.relative_to(directory).as_posix()
+            if rel not in want and not rel.startswith(CONFORMANCE_DIR + "/"):
                 problems.append(f"not generated (stale?): {path}")
     return problems
 

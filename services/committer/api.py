@@ -38,7 +38,6 @@ from shared.events import (
 )
 from shared.history import LoopHistory, load
 from shared.protocol import (
-    ANSWER_ACTIONS,
     REQUEST_TYPES,
     AnswerRequest,
     ApiReply,
@@ -53,6 +52,7 @@ from shared.protocol import (
 from shared.settings import Settings
 from shared.subjects import VERBS
 from shared.validate import is_uuid, validate_event
+from shared.wiretypes import ANSWER_ACTIONS
 
 from .appender import Appender
 

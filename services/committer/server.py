@@ -95,7 +95,7 @@ async def serve(
                     reply = await handler(msg.subject, msg.data)
                 except Exception as e:  # a bug, not bad input: answer, log, keep serving
                     log.exception("handler failed on %s", msg.subject)
-                    body = ErrorBody(kind=ErrorKind.UNAVAILABLE.value, message=f"internal error: {e!r}")
+                    body = ErrorBody(kind=ErrorKind.UNAVAILABLE, message=f"internal error: {e!r}")
                     reply = encode(_Reply(ok=False, error=body))
                 if msg.reply:
                     try:

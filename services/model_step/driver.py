@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -67,7 +67,7 @@ class CommitRefused(Exception):
 RECORDED_RESULT = "recorded_result"
 OUTCOME_UNKNOWN = "outcome_unknown"
 RERUN_APPROVED = "rerun_approved"
-GATE_OUTCOME_UNKNOWN = "outcome_unknown"
+GATE_OUTCOME_UNKNOWN: Final = "outcome_unknown"
 OUTCOME_UNKNOWN_SUMMARY = "outcome unknown (may have run already), run again? "
 ON_UNKNOWN_ASK = "ask"
 RECORD_POLL_SECONDS = 0.1
@@ -309,7 +309,9 @@ class LoopDriver:
             h.apply(event, seq)
         return True
 
-    async def _fail_turn(self, h: LoopHistory, kind: str, message: str, prefix: AIMessage | None = None) -> None:
+    async def _fail_turn(
+        self, h: LoopHistory, kind: ev.TurnFailedKind, message: str, prefix: AIMessage | None = None
+    ) -> None:
         t = h.open_turn
         assert t is not None
         step_id = step_id_for(t.turn_id, t.steps)
@@ -634,7 +636,7 @@ class LoopDriver:
         p: Planned,
         spec: Any,
         *,
-        kind: str,
+        kind: ev.GateKind,
         unknown: bool = False,
     ) -> None:
         gate_id = new_id()
@@ -646,7 +648,7 @@ class LoopDriver:
         }
         if kind == "user_input":
             question, choices = _question_of(p.call.input)
-            controls = ["reply"]
+            controls: list[ev.GateAction] = ["reply"]
             request: Event = make(ev.UserInputRequested, **common, gate_id=gate_id, question=question, choices=choices)
         else:
             controls = ["approve", "approve_always", "deny"]

@@ -35,6 +35,7 @@ from shared.subjects import (
     H_TRACEPARENT,
     H_TURN_ID,
 )
+from shared.wiretypes import ToolErrorKind
 
 REPLY_PROGRESS: Final = "progress"
 REPLY_RESULT: Final = "result"
@@ -66,7 +67,7 @@ class ProgressBody(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):
-    kind: str
+    kind: ToolErrorKind
     message: str = ""
 
 

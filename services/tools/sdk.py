@@ -40,6 +40,7 @@ from shared import shaping
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from shared.events import RETRYABLE_OUTCOMES, RetryPolicy
 from shared.settings import Settings
+from shared.wiretypes import ToolErrorKind
 
 log = logging.getLogger("loopwire.tools")
 
@@ -56,7 +57,7 @@ class CallFailed(Exception):
     under it (``crashed``). Callers see ``error: tool unavailable: ...`` / ``error: tool crashed: ...``.
     """
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ToolErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message

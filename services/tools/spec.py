@@ -13,8 +13,9 @@ from typing import Any, Final
 import msgspec
 
 from shared.events import RetryPolicy
+from shared.wiretypes import TOOL_NAME_PATTERN
 
-TOOL_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOOL_NAME_RE: Final = re.compile(TOOL_NAME_PATTERN)
 
 KIND_FUNCTION: Final = "function"
 KIND_USER_INPUT: Final = "user_input"

@@ -39,7 +39,10 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     del doc["$defs"]["StepDone"]["properties"]["messages"]  # as if the code had changed
     path.write_text(json.dumps(doc))
     (tmp_path / "events" / "Gone.json").write_text("{}")
+    (tmp_path / "conformance" / "valid").mkdir(parents=True)
+    (tmp_path / "conformance" / "valid" / "Case.json").write_text("{}")  # hand-written corpus: not drift
     problems = contract.schema_drift(tmp_path)
+    assert not any("conformance" in p for p in problems)
     assert any("differs" in p and "StepDone.json" in p for p in problems)
     assert any("stale" in p and "Gone.json" in p for p in problems)
 
@@ -165,3 +168,58 @@ def test_schema_files_are_valid_json_schema_shapes() -> None:
     # Every top-level schema validates through msgspec's own encoder (a sanity check of the output).
     for text in contract.render_schemas().values():
         assert isinstance(msgspec.json.decode(text), dict)
+
+
+VOCABULARIES = (
+    "TurnFailedKind",
+    "GateKind",
+    "GateAction",
+    "AnswerAction",
+    "PolicyEffect",
+    "PermissionEffect",
+    "PermissionReason",
+    "DecisionEffect",
+    "ChunkKind",
+    "ToolErrorKind",
+    "Uuid",
+    "Rfc3339",
+)
+
+
+def test_asyncapi_references_the_payload_schemas_definitions() -> None:
+    # One definition each: the AsyncAPI components are the schema files' own definitions, referenced by
+    # the payloads, never a second copy of an enum.
+    components = contract.asyncapi_document()["components"]["schemas"]
+    text = json.dumps(components)
+    files = contract.schema_files()
+    for name in VOCABULARIES:
+        assert f'"#/components/schemas/{name}"' in text, name
+        in_files = [doc["$defs"][name] for doc in files.values() if name in doc.get("$defs", {})]
+        assert in_files and all(d == components[name] for d in in_files), name
+    assert "discriminator" not in text
+
+
+def test_named_string_constants_are_the_wire_vocabularies() -> None:
+    # Constants other modules spell out are members of the one vocabulary definition.
+    from services.model_step import policy
+    from services.tools import protocol as tools
+    from shared import wiretypes
+
+    assert {
+        tools.ERROR_TIMEOUT,
+        tools.ERROR_CANCELED,
+        tools.ERROR_INTERNAL,
+        tools.ERROR_NOT_STARTED,
+        tools.ERROR_REFUSED,
+        tools.ERROR_UNAVAILABLE,
+        tools.ERROR_CRASHED,
+    } == set(wiretypes.TOOL_ERROR_KINDS)
+    from services.model_step import driver
+    from services.tools import client
+
+    assert (
+        driver.GATE_OUTCOME_UNKNOWN in wiretypes.GATE_REASONS and driver.ON_UNKNOWN_ASK in wiretypes.ON_UNKNOWN_OUTCOMES
+    )
+    assert {client.CRASHED, client.UNAVAILABLE, client.TIMEOUT} == set(wiretypes.RETRYABLE_OUTCOMES)
+    assert {policy.ALLOW, policy.DENY, policy.ASK} == set(wiretypes.POLICY_EFFECTS)
+    assert set(wiretypes.ANSWER_ACTIONS) == set(wiretypes.GATE_ACTIONS) - {"abandoned"}
