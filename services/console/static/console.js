@@ -160,6 +160,7 @@ function gateCard(g, opts) {
   const row = el("div", { class: "row" });
   const send = async (action, extra) => {
     row.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+    card.dataset.answer = "pending";
     const doc = await api(`/api/loops/${g.loop_id}/answer`, Object.assign({
       command_id: uuid4(), gate_id: g.gate_id, action, operator: operator() }, extra || {}));
     result.textContent = doc.ok ? `answered: ${action}` : doc.error.message;
@@ -378,20 +379,17 @@ function loopPage() {
       const c = e.chunk || {};
       if (c.kind === "text" || c.kind === "refusal" || c.kind === undefined) liveText.textContent += c.text || "";
       else if (c.kind === "tool_use" && c.name) liveText.textContent += `\n→ ${c.name} `;
-    } else if (t === "ToolCallStarted") {
-      const row = el("div", { class: "tool-row", "data-tool-use": e.tool_use_id, text: `▶ ${e.summary || e.tool_name} …` });
-      toolRows[e.tool_use_id] = row; liveTools.append(row);
-    } else if (t === "ToolCallProgress") {
-      const row = Object.values(toolRows).find((r) => r.dataset.exec === e.tool_execution_id) || null;
-      const target = row || liveTools.lastElementChild;
-      if (target) target.dataset.progress = e.message;
-      if (target) target.title = e.message;
-      const p = el("div", { class: "tool-row muted", text: `  … ${e.message}` });
-      liveTools.append(p);
-    } else if (t === "ToolCallCompleted") {
-      const row = toolRows[e.tool_use_id];
-      const line = `${e.is_error ? "✗" : "✓"} ${e.tool_use_id} ${e.is_error ? "error" : "ok"} in ${e.duration_ms} ms: ${e.result_preview}`;
-      if (row) row.textContent = line; else liveTools.append(el("div", { class: "tool-row", text: line }));
+    } else if (t === "ToolCallStarted" || t === "ToolCallProgress" || t === "ToolCallCompleted") {
+      // Rows are keyed by execution id: a page opened mid-call shows it from its next heartbeat.
+      const key = e.tool_execution_id || e.tool_use_id;
+      let row = toolRows[key];
+      if (!row) {
+        row = el("div", { class: "tool-row", "data-exec": key, text: "▶ running tool call …" });
+        toolRows[key] = row; liveTools.append(row);
+      }
+      if (t === "ToolCallStarted") { row.dataset.summary = e.summary || e.tool_name; row.textContent = `▶ ${row.dataset.summary} …`; }
+      else if (t === "ToolCallProgress") row.textContent = `▶ ${row.dataset.summary || "tool call"} … ${e.message}`;
+      else row.textContent = `${e.is_error ? "✗" : "✓"} ${row.dataset.summary || e.tool_use_id} ${e.is_error ? "error" : "ok"} in ${e.duration_ms} ms: ${e.result_preview}`;
     } else return;
     liveBox.hidden = false;
   }
