@@ -145,10 +145,11 @@ def _browser() -> WebDriver:
         "the console tests need Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
     )
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM  # with the driver's path set too, Selenium Manager is never used
+    opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
         opts.add_argument(a)
     opts.add_argument("--disable-gpu")
+    # The driver's path given: Selenium Manager is never run (nothing is downloaded).
     return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
 
 
