@@ -13,10 +13,12 @@ when one is configured, and for state-changing requests an origin that is this c
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from html import escape
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -29,7 +31,7 @@ from nats.aio.client import Client as NATS
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -67,8 +69,6 @@ STATUS: Final[dict[str, int]] = {
     "internal": 500,
 }
 
-PAGES: Final = {"loops": "loops.html", "loop": "loop.html", "gates": "gates.html", "tools": "tools.html"}
-
 
 class ApiError(Exception):
     """A request the console refuses; becomes ``{"ok": false, "error": {...}}`` (or an error page)."""
@@ -92,17 +92,42 @@ def error_json(e: ApiError) -> JSONResponse:
     return JSONResponse({"ok": False, "error": {"kind": e.kind, "message": e.message, **e.extra}}, status_code=e.status)
 
 
-def error_page(status: int, title: str, message: str) -> HTMLResponse:
-    from html import escape
+# name → (title, the navigation entry it belongs to)
+PAGES: Final = {
+    "loops": ("Loops", "loops"),
+    "loop": ("Loop", "loops"),
+    "gates": ("Gates", "gates"),
+    "tools": ("Tools", "tools"),
+}
 
+
+@functools.cache
+def _layout() -> str:
+    return (static_dir() / "layout.html").read_text(encoding="utf-8")
+
+
+def render_page(page: str, title: str, body: str, nav: str = "") -> str:
+    """A page: the shared layout (header, navigation, token bar) around ``body``."""
+    out = _layout()
+    for key, value in {"title": escape(title), "page": page, "body": body}.items():
+        out = out.replace("{{" + key + "}}", value)
+    for section in ("loops", "gates", "tools"):
+        out = out.replace("{{nav_" + section + "}}", "active" if section == nav else "")
+    return out
+
+
+@functools.cache
+def page_html(name: str) -> str:
+    title, nav = PAGES[name]
+    return render_page(name, title, (static_dir() / "pages" / f"{name}.html").read_text(encoding="utf-8"), nav)
+
+
+def error_page(status: int, title: str, message: str) -> HTMLResponse:
     body = (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>loopwire console: '
-        f'{escape(title)}</title><link rel="stylesheet" href="/static/console.css"></head><body>'
-        '<header class="top"><a class="brand" href="/">loopwire console</a></header>'
-        f'<main><div class="error-page"><h1>{escape(title)}</h1><p id="error-message">{escape(message)}</p>'
-        '<p><a href="/">back to the loops</a></p></div></main></body></html>'
+        f'<div class="error-page"><h1>{escape(title)}</h1><p id="error-message">{escape(message)}</p>'
+        '<p><a href="/">back to the loops</a></p></div>\n'
     )
-    return HTMLResponse(body, status_code=status)
+    return HTMLResponse(render_page("error", title, body), status_code=status)
 
 
 @dataclass
@@ -290,7 +315,7 @@ def build_app(settings: Settings, *, token: str = "", connect_nats: bool = True)
                     return error_page(503, "NATS unavailable", str(e))
                 if found is None:
                     return error_page(404, "No such loop", f"There is no loop {loop_id}.")
-            return FileResponse(static / PAGES[name], headers={"Cache-Control": "no-store"})
+            return HTMLResponse(page_html(name), headers={"Cache-Control": "no-store"})
 
         return serve
 

@@ -252,7 +252,13 @@ def test_gate_inbox_two_operators_one_answer_completes_the_turn(d: Deployment, b
         # Both operators approve at (nearly) the same moment.
         for card in cards:
             card.find_element(By.CSS_SELECTOR, "button.approve").click()
-        outcomes = [wait_until(lambda c=c: c.get_attribute("data-answer"), what="an answer outcome") for c in cards]
+        outcomes = [
+            wait_until(
+                lambda c=c: c.get_attribute("data-answer") not in (None, "pending") and c.get_attribute("data-answer"),
+                what="an answer outcome",
+            )
+            for c in cards
+        ]
         assert sorted(outcomes) == ["already_answered", "ok"], outcomes
         loser = cards[outcomes.index("already_answered")]
         winner_name = ("alice", "bob")[outcomes.index("ok")]

@@ -483,4 +483,5 @@ document.addEventListener("DOMContentLoaded", () => {
   else if (page === "loop") loopPage();
   else if (page === "gates") gatesPage();
   else if (page === "tools") toolsPage();
+  else followIndex(null);
 });
