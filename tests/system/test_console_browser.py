@@ -29,6 +29,7 @@ from selenium.common.exceptions import StaleElementReferenceException, WebDriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
 
 from shared.natsserver import free_port
 
@@ -67,6 +68,8 @@ STREAM: Final = "stream an answer please"
 COMPUTE: Final = "what is 6*7?"
 SLEEP: Final = "sleep for half a minute"
 LONG: Final = "a long computation"
+ASK: Final = "ask me something"
+DENY: Final = "compute something I will refuse"
 STREAM_WORDS: Final = ["The ", "answer ", "streams ", "in ", "word ", "by ", "word ", "and ", "ends ", "here."]
 SCRIPT: Final = {
     "responses": ["(no script for this input)"],
@@ -75,6 +78,8 @@ SCRIPT: Final = {
         STREAM: [_text(STREAM_WORDS, 0.12), _text(["Second ", "answer: ", "got ", "it."], 0.05)],
         COMPUTE: [_call("calculator", {"expression": "6*7"}), _text(["6*7 ", "is ", "42."], 0.02)],
         SLEEP: [_call("sleep", {"seconds": 30}, 1.0), _text(["slept."], 0.01)],
+        ASK: [_call("ask_user", {"question": "Which colour?", "choices": ["red", "blue"]}), _text(["Noted."], 0.01)],
+        DENY: [_call("calculator", {"expression": "1/0"}), _text(["Understood."], 0.01)],
         LONG: [*[_call("calculator", {"expression": f"{k}+{k}"}, 0.35) for k in range(10)], _text(["done."], 0.01)],
     },
 }
@@ -113,7 +118,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     script = tmp / "script.json"
     script.write_text(json.dumps(SCRIPT))
     args = [LOOPWIRE, "up", "--port", "0", "--console-port", str(free_port()), "--data-dir", str(tmp / "data")]
-    args += ["--model", f"scripted:{script}", "--tools", "calculator,sleep,clock"]
+    args += ["--model", f"scripted:{script}", "--tools", "calculator,sleep,clock,ask_user"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     try:
@@ -231,6 +236,11 @@ def test_start_and_send_from_the_page_streams_tokens_then_the_answer(d: Deployme
     browser.find_element(By.ID, "f-text").send_keys("no loop has this text")
     wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-loop="{loop_id}"]'), what="filtered")
 
+    # The tools page lists the live tools with their replicas and arguments.
+    browser.get(d.console_url + "tools")
+    calc = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-tool="calculator"]'), what="tools")[0]
+    assert calc.find_elements(By.TAG_NAME, "td")[1].text == "1" and "expression: string" in calc.text
+
 
 def test_gate_inbox_two_operators_one_answer_completes_the_turn(d: Deployment, browser: WebDriver) -> None:
     loop_id = start_loop(d, COMPUTE, policy="calculator=ask")
@@ -280,6 +290,38 @@ def test_gate_inbox_two_operators_one_answer_completes_the_turn(d: Deployment, b
     browser.execute_script("window.scrollTo(0, 0)")
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT))
+
+
+def test_deny_with_a_reason_and_reply_to_a_question_on_the_loop_page(d: Deployment, browser: WebDriver) -> None:
+    denied = start_loop(d, DENY, policy="calculator=ask")
+    open_loop(browser, f"{d.console_url}loops/{denied}")
+    card = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#loop-gates .gate-card"), what="the gate")[0]
+    assert "1/0" in card.text
+    card.find_element(By.CSS_SELECTOR, "input.deny-reason").send_keys("not today")
+    card.find_element(By.CSS_SELECTOR, "button.deny").click()
+    wait_until(lambda: committed(browser, "TurnDone"), what="the turn after the denial")
+    resolved = [r["event"] for r in d.history(denied) if r["event"]["type"] == "GateResolved"]
+    assert [(e["action"], e["reason"]) for e in resolved] == [("deny", "not today")]
+    assert "not today" in browser.find_element(By.CSS_SELECTOR, "#timeline .ev-GateResolved").text
+
+    asked = start_loop(d, ASK)
+    open_loop(browser, f"{d.console_url}loops/{asked}")
+    card = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#loop-gates .gate-card"), what="the question")[0]
+    assert "Which colour?" in card.text
+    assert [b.text for b in card.find_elements(By.CSS_SELECTOR, "button.choice")] == ["red", "blue"]
+    card.find_element(By.CSS_SELECTOR, "button.reply").click()  # an empty answer is not sent
+    assert "write an answer first" in card.text
+    card.find_element(By.CSS_SELECTOR, "input.reply-text").send_keys("green")
+    card.find_element(By.CSS_SELECTOR, "button.reply").click()
+    wait_until(lambda: committed(browser, "TurnDone"), what="the turn after the reply")
+    results = [
+        m
+        for r in d.history(asked)
+        if r["event"]["type"] == "StepDone"
+        for m in r["event"]["messages"]
+        if m["role"] == "tool"
+    ]
+    assert [m["blocks"][0]["text"] for m in results] == ["green"]
 
 
 def test_interrupt_a_30s_sleep_from_the_page(d: Deployment, browser: WebDriver) -> None:
@@ -397,7 +439,7 @@ def test_a_10000_step_loop_opens_fast_and_scrolls(d: Deployment, browser: WebDri
         open_loop(browser, f"{d.console_url}loops/{loop_id}")
         times.append(browser.execute_script("return window.lwFirstRender"))
     print(f"console: 10,000-step loop, time to first render {times[0]:.0f} ms cold, {times[1]:.0f} ms warm")
-    assert times[1] < 1000
+    assert max(times) < 1000
     shown = len(browser.find_elements(By.CSS_SELECTOR, "#timeline .ev"))
     assert 0 < shown <= 200
 
@@ -427,6 +469,58 @@ def test_a_10000_step_loop_opens_fast_and_scrolls(d: Deployment, browser: WebDri
         print(f"console: earlier page {n + 1} in {(time.monotonic() - t1) * 1000:.0f} ms")
     seqs = browser.execute_script("return window.lwSeqs")
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+def test_thousands_of_loops_are_paged_and_filtered(d: Deployment, browser: WebDriver) -> None:
+    import anyio
+
+    from shared.bus import connect
+    from shared.client import CommitClient
+    from shared.events import Cause, LoopClosed, LoopStarted, make
+    from shared.settings import Settings
+
+    n = 2000
+    marker = f"model-{uuid.uuid4().hex[:8]}"
+
+    async def write() -> None:
+        settings = Settings.from_env({}, nats_urls=(d.nats_url,))
+        nc = await connect(settings)
+        try:
+            client = CommitClient(nc, settings.names, 30)
+            limit = anyio.Semaphore(64)
+
+            async def one(k: int) -> None:
+                loop_id = str(uuid.uuid4())
+                events = [make(LoopStarted, loop_id=loop_id, model=marker, cause=Cause(command_id=str(uuid.uuid4())))]
+                if k % 2:
+                    events.append(make(LoopClosed, loop_id=loop_id, cause=Cause(command_id=str(uuid.uuid4()))))
+                async with limit:
+                    await client.commit(loop_id, 0, events)
+
+            async with anyio.create_task_group() as tg:
+                for k in range(n):
+                    tg.start_soon(one, k)
+        finally:
+            await nc.close()
+
+    anyio.run(write)
+    wait_until(lambda: d.api(f"/api/loops?q={marker}&size=1")["total"] == n, timeout=30, what="the index")
+    browser.get(d.console_url)
+    wait_until(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="the loops page")
+    first = browser.execute_script("return window.lwFirstRender")
+    print(f"\nconsole: loops page with {n}+ loops, time to first render {first:.0f} ms")
+    assert first < 1000
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")) == 50
+    browser.find_element(By.ID, "f-text").send_keys(marker)
+    Select(browser.find_element(By.ID, "f-state")).select_by_value("closed")
+    wait_until(lambda: "page 1 of 20 · 1000 loop(s)" in browser.find_element(By.ID, "page-info").text, what="filter")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")
+    assert len(rows) == 50 and all("closed" in r.text and marker in r.text for r in rows)
+    first_page = {r.get_attribute("data-loop") for r in rows}
+    browser.find_element(By.ID, "next").click()
+    wait_until(lambda: "page 2 of 20" in browser.find_element(By.ID, "page-info").text, what="the next page")
+    second_page = {r.get_attribute("data-loop") for r in browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")}
+    assert len(first_page) == len(second_page) == 50 and not first_page & second_page
 
 
 def test_bad_input_gets_clear_errors_never_a_stack_trace(d: Deployment, browser: WebDriver) -> None:

@@ -220,6 +220,7 @@ function loopsPage() {
     $("#prev").disabled = doc.page <= 1;
     $("#next").disabled = doc.page >= doc.pages;
     $("#counts").textContent = Object.entries(doc.counts).map(([k, v]) => `${k} ${v}`).join(" · ");
+    if (!document.body.dataset.ready) { window.lwFirstRender = performance.now(); document.body.dataset.ready = "1"; }
   }, 300);
   $("#f-state").addEventListener("change", () => { page = 1; load(); });
   $("#f-text").addEventListener("input", () => { page = 1; load(); });
