@@ -146,8 +146,9 @@ class Console:
         return LoopClient(self.nc, self.settings.names)
 
     def loops_index(self) -> LoopIndex:
-        if self.index is None:
-            raise ApiError(ErrorKind.UNAVAILABLE, "the console is not connected to NATS yet")
+        if self.index is None or not self.index.following:
+            stream = self.settings.names.history_stream
+            raise ApiError(ErrorKind.UNAVAILABLE, f"waiting for the history stream {stream} (is a committer running?)")
         return self.index
 
 
@@ -271,27 +272,37 @@ def api(console: Console, handler: Handler, *, mutating: bool = False) -> Handle
 # --- the app --------------------------------------------------------------------------------------
 
 
-def build_app(settings: Settings, *, token: str = "", connect_nats: bool = True) -> Starlette:
+def build_app(settings: Settings, *, token: str = "") -> Starlette:
     console = Console(settings=settings, token=token)
     static = static_dir()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if not connect_nats:
-            yield
-            return
         from services.tools.registry import ToolRegistry
 
         nc = await connect(settings, name="loopwire-console", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         console.nc = nc
-        index = LoopIndex(nc, settings)
+        index = console.index = LoopIndex(nc, settings)
         registry = ToolRegistry(nc, settings.names, replicas=settings.replicas)
+
+        async def load_registry() -> None:
+            while True:
+                try:
+                    await registry.start()
+                except (LoopwireError, nats.errors.Error, TimeoutError) as e:
+                    log.warning("tool registry not available yet (%s); retrying", e)
+                    await anyio.sleep(1)
+                else:
+                    console.registry = registry
+                    return
+
         try:
-            await index.start()
-            console.index = index
-            await registry.start()
-            console.registry = registry
-            yield
+            # The console serves at once; the index and the registry follow as soon as JetStream has them.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(index.start)
+                tg.start_soon(load_registry)
+                yield
+                tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                 with contextlib.suppress(Exception):
@@ -309,8 +320,10 @@ def build_app(settings: Settings, *, token: str = "", connect_nats: bool = True)
                 if not is_uuid(loop_id):
                     return error_page(404, "No such loop", f"{loop_id!r} is not a loop id (a lowercase UUID).")
                 index = console.index
+                if index is None or not index.following:
+                    return error_page(503, "Not ready", "The console is waiting for the loops' history stream.")
                 try:
-                    found = await index.find(loop_id) if index is not None else None
+                    found = await index.find(loop_id)
                 except (JetStreamUnavailableError, JetStreamError, nats.errors.Error) as e:
                     return error_page(503, "NATS unavailable", str(e))
                 if found is None:

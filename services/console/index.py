@@ -66,6 +66,10 @@ class LoopIndex:
             config=config,
         )
 
+    @property
+    def following(self) -> bool:
+        return self._sub is not None
+
     async def stop(self) -> None:
         sub = self._sub
         self._sub = None
