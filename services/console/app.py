@@ -252,6 +252,8 @@ def api(console: Console, handler: Handler, *, mutating: bool = False) -> Handle
                 given = request.headers.get(TOKEN_HEADER)
                 why = "missing" if not given else "incorrect"
                 raise ApiError("unauthorized", f"the console token is {why} (header X-Loopwire-Token)")
+            if not rules.host_allowed(request.headers.get("host"), console.token):
+                raise ApiError("forbidden", "this console (no token) answers only to 127.0.0.1 or localhost")
             if mutating and not rules.same_origin(
                 request.headers.get("origin"), request.headers.get("host"), request.headers.get("sec-fetch-site")
             ):

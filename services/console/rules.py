@@ -342,6 +342,19 @@ def same_origin(origin: str | None, host: str | None, fetch_site: str | None = N
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
 
 
+def host_of(host_header: str | None) -> str:
+    """The host name of a ``Host`` header (``127.0.0.1:8080`` → ``127.0.0.1``, ``[::1]:80`` → ``::1``)."""
+    if not host_header:
+        return ""
+    return urlsplit(f"//{host_header}").hostname or ""
+
+
+def host_allowed(host_header: str | None, token: str) -> bool:
+    """Without a token only loopback names are served: a page of another site whose name was made to
+    resolve to 127.0.0.1 (DNS rebinding) must not read or steer loops."""
+    return bool(token) or is_loopback(host_of(host_header))
+
+
 def token_ok(expected: str, given: str | None) -> bool:
     """True when no token is configured, or ``given`` equals it (compared in constant time)."""
     if not expected:

@@ -576,6 +576,7 @@ def test_bad_input_gets_clear_errors_never_a_stack_trace(d: Deployment, browser:
     check(
         c.post(f"/api/loops/{loop_id}/close", headers={"Sec-Fetch-Site": "cross-site"}), 403, "forbidden", "cross-site"
     )
+    check(c.get("/api/loops", headers={"Host": "rebound.example:80"}), 403, "forbidden", "answers only to")
     check(c.get("/api/nothing/here"), 404, "not_found", "no such page")
     check(c.delete(f"/api/loops/{loop_id}"), 405, "invalid", "method not allowed")
     assert c.post(f"/api/loops/{loop_id}/input", json={"text": "fine"}).json()["ok"]

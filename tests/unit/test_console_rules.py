@@ -240,3 +240,19 @@ def test_token_and_binding_checks() -> None:
     assert check_binding("::1", "") is None
     assert "needs a token" in (check_binding("0.0.0.0", "") or "")
     assert check_binding("0.0.0.0", "t") is None
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "ok"),
+    [
+        ("127.0.0.1:8080", "", True),
+        ("localhost:8080", "", True),
+        ("[::1]:8080", "", True),
+        ("127.0.0.1", "", True),
+        ("evil.example:8080", "", False),  # a rebound name
+        (None, "", False),
+        ("evil.example:8080", "t", True),  # with a token, the token decides
+    ],
+)
+def test_without_a_token_only_loopback_hosts_are_served(host: str | None, token: str, ok: bool) -> None:
+    assert rules.host_allowed(host, token) is ok
