@@ -259,6 +259,7 @@ def test_gate_inbox_two_operators_one_answer_completes_the_turn(d: Deployment, b
             for b in (browser, second)
         ]
         assert "calculator" in cards[0].text and "6*7" in cards[0].text
+        wait_until(lambda: second.title.startswith("(1) Gates"), what="the open gate counted in the title")
         # Both operators approve at (nearly) the same moment.
         for card in cards:
             card.find_element(By.CSS_SELECTOR, "button.approve").click()

@@ -142,6 +142,8 @@ function followIndex(onChange) {
     if (type !== "changed") return;
     const b = $("#gate-count");
     if (b) { b.textContent = String(data.gates); b.className = `badge${data.gates ? "" : " zero"}`; }
+    // A parked loop is visible from any tab: the title counts the open gates.
+    document.title = `${data.gates ? `(${data.gates}) ` : ""}${document.title.replace(/^\(\d+\) /, "")}`;
     if (onChange) onChange(data);
   }, connState);
 }
