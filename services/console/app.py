@@ -375,13 +375,19 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         limit = int_param(request, "limit", EVENTS_PAGE, low=1, high=MAX_EVENTS_PAGE)
         seqs = s.seqs_before(before, limit)
         records: list[dict[str, Any]] = []
-        if seqs:
-            assert console.nc is not None
-            names = settings.names
+        assert console.nc is not None
+        names = settings.names
+        start = seqs[0] if seqs else 0
+        while seqs and start <= seqs[-1]:
+            # A batch stops early at its byte limit (large records): ask again from where it stopped.
             batch = await direct_get_batch(
-                console.nc, names.history_stream, names.hist(loop_id), start_seq=seqs[0], batch=len(seqs)
+                console.nc, names.history_stream, names.hist(loop_id), start_seq=start, batch=len(seqs) - len(records)
             )
-            records = [record_json(m.seq, m.data) for m in batch.messages if m.seq <= seqs[-1]]
+            got = [m for m in batch.messages if m.seq <= seqs[-1]]
+            if not got:
+                break
+            records += [record_json(m.seq, m.data) for m in got]
+            start = got[-1].seq + 1
         first = s.seqs[0] if s.seqs else 0
         return JSONResponse(
             {"ok": True, "events": records, "more": bool(seqs) and seqs[0] > first, "last_seq": s.last_seq}
@@ -390,6 +396,8 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
     async def loop_event(request: Request) -> Response:
         loop_id = loop_id_of(request)
         seq = int(request.path_params["seq"])
+        if not 1 <= seq < 2**63:
+            raise ApiError(ErrorKind.NOT_FOUND, f"loop {loop_id} has no record at sequence {seq}")
         assert console.nc is not None
         m = await get_msg(console.nc, settings.names.history_stream, seq=seq)
         if m is None or m.subject != settings.names.hist(loop_id):

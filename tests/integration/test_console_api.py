@@ -108,3 +108,27 @@ async def test_console_waits_for_the_history_stream_then_resumes_by_sequence(
             assert [s["loop_id"] for s in listed["loops"]] == [loop_id] and listed["loops"][0]["state"] == "running"
             events = (await client.get(f"/api/loops/{loop_id}/events?limit=2")).json()
             assert [e["seq"] for e in events["events"]] == [*seqs, got[0]][-2:] and events["more"] is True
+
+
+async def test_a_page_of_large_records_is_read_whole_and_cut(console: str, settings: Settings, nc: NATS) -> None:
+    async with running_committer(settings), httpx.AsyncClient(base_url=console, timeout=30) as client:
+        api = LoopClient(nc, settings.names)
+        loop_id = (await api.start()).loop_id
+        big = 10  # 10 records of 900 kB: more than one Direct Get batch (8 MB) holds
+        for k in range(big):
+            await api.input(loop_id, f"{k}" + "x" * 900_000)
+        with anyio.fail_after(10):
+            while (await client.get(f"/api/loops/{loop_id}")).json().get("loop", {}).get("events") != big + 1:
+                await anyio.sleep(0.05)
+        doc = (await client.get(f"/api/loops/{loop_id}/events")).json()
+        seqs = [seq async for seq, _ in replay(nc, loop_id, names=settings.names)]
+        assert [e["seq"] for e in doc["events"]] == seqs and doc["more"] is False
+        texts = [e["event"]["message"]["blocks"][0]["text"] for e in doc["events"][1:]]
+        assert all(e["cut"] for e in doc["events"][1:]) and all(len(t) < 2100 for t in texts)
+        assert [t[0] for t in texts] == [str(k) for k in range(big)]
+        whole = (await client.get(f"/api/loops/{loop_id}/events/{seqs[1]}")).json()
+        assert whole["event"]["message"]["blocks"][0]["text"] == "0" + "x" * 900_000
+        other = await api.start()  # a record of another loop is not this loop's
+        for seq in (other.seq, seqs[-1] + 10**6, 0, 2**64):
+            r = await client.get(f"/api/loops/{loop_id}/events/{seq}")
+            assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
