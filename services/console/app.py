@@ -406,8 +406,15 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
 
     async def list_gates(request: Request) -> Response:
         index = console.loops_index()
-        gates = rules.open_gates(list(index.loops.values()))
-        return JSONResponse({"ok": True, "gates": [rules.gate_json(g) for g in gates], "version": index.version})
+        loops = list(index.loops.values())
+        return JSONResponse(
+            {
+                "ok": True,
+                "gates": [rules.gate_json(g) for g in rules.open_gates(loops)],
+                "resolved": [rules.gate_json(g) for g in rules.resolved_gates(loops)],
+                "version": index.version,
+            }
+        )
 
     async def list_tools(request: Request) -> Response:
         registry = console.registry

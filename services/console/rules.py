@@ -40,6 +40,7 @@ MAX_PAGE_SIZE: Final = 500
 # Strings longer than this are cut before an event is sent to the page (the page can ask for the whole event).
 CUT_CHARS: Final = 2000
 TITLE_CHARS: Final = 120
+RECENT_GATES: Final = 100
 
 
 @dataclass(slots=True)
@@ -207,6 +208,7 @@ class LoopSummary:
             "last_seq": self.last_seq,
             "last_error": self.last_error,
             "open_gates": [gate_json(g) for g in self.open_gates],
+            "resolved_gates": [gate_json(g) for g in resolved_gates([self], RECENT_GATES)],
         }
 
 
@@ -232,6 +234,7 @@ def gate_json(g: GateView) -> dict[str, Any]:
         "action": g.action,
         "resolver": g.resolver,
         "resolved_at": g.resolved_at,
+        "note": already_answered(g) if g.resolved else "",
     }
 
 
@@ -280,6 +283,13 @@ def open_gates(loops: list[LoopSummary]) -> list[GateView]:
     gates = [g for s in loops for g in s.open_gates]
     gates.sort(key=lambda g: g.opened_seq, reverse=True)
     return gates
+
+
+def resolved_gates(loops: list[LoopSummary], limit: int = RECENT_GATES) -> list[GateView]:
+    """The most recently answered gates across loops (a page shows who took a gate it still displays)."""
+    gates = [g for s in loops for g in s.gates.values() if g.resolved]
+    gates.sort(key=lambda g: g.resolved_seq, reverse=True)
+    return gates[:limit]
 
 
 def count_states(loops: list[LoopSummary]) -> dict[str, int]:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -260,9 +261,20 @@ def test_gate_inbox_two_operators_one_answer_completes_the_turn(d: Deployment, b
         ]
         assert "calculator" in cards[0].text and "6*7" in cards[0].text
         wait_until(lambda: second.title.startswith("(1) Gates"), what="the open gate counted in the title")
-        # Both operators approve at (nearly) the same moment.
-        for card in cards:
-            card.find_element(By.CSS_SELECTOR, "button.approve").click()
+        # Both operators approve at (nearly) the same moment. Whoever is second either gets the committer's
+        # refusal or, if the first answer reached the page before the click, sees the card closed: both
+        # say who answered and when.
+        clicks = [
+            threading.Thread(
+                target=b.execute_script,
+                args=("arguments[0].click()", c.find_element(By.CSS_SELECTOR, "button.approve")),
+            )
+            for b, c in zip((browser, second), cards, strict=True)
+        ]
+        for t in clicks:
+            t.start()
+        for t in clicks:
+            t.join()
         outcomes = [
             wait_until(
                 lambda c=c: c.get_attribute("data-answer") not in (None, "pending") and c.get_attribute("data-answer"),
@@ -323,6 +335,19 @@ def test_deny_with_a_reason_and_reply_to_a_question_on_the_loop_page(d: Deployme
         if m["role"] == "tool"
     ]
     assert [m["blocks"][0]["text"] for m in results] == ["green"]
+
+    # A gate answered elsewhere (the CLI) while the page shows it: the card stays and says who took it.
+    third = start_loop(d, COMPUTE, policy="calculator=ask")
+    open_loop(browser, f"{d.console_url}loops/{third}")
+    card = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#loop-gates .gate-card"), what="the gate")[0]
+    gate_id = card.get_attribute("data-gate")
+    cli = subprocess.run(
+        [LOOPWIRE, "approve", gate_id, "--loop", third], env=d.env(), capture_output=True, text=True, timeout=30
+    )
+    assert cli.returncode == 0, cli.stderr
+    wait_until(lambda: card.get_attribute("data-answer") == "already_answered", what="the card closed")
+    assert f"gate {gate_id} was already answered: approve by operator at " in card.text
+    assert all(not b.is_enabled() for b in card.find_elements(By.TAG_NAME, "button"))
 
 
 def test_interrupt_a_30s_sleep_from_the_page(d: Deployment, browser: WebDriver) -> None:

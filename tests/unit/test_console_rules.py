@@ -147,7 +147,9 @@ def test_already_answered_names_who_and_when_and_the_first_answer_wins() -> None
     text = rules.already_answered(gv)
     assert text.startswith(f"gate {g} was already answered: approve by alice at ")
     assert gv.resolved_at in text
-    assert rules.gate_json(gv)["resolver"] == "alice"
+    assert rules.gate_json(gv)["resolver"] == "alice" and rules.gate_json(gv)["note"] == text
+    assert [g["gate_id"] for g in lp.s.to_json()["resolved_gates"]] == [g]
+    assert rules.resolved_gates([lp.s]) == [gv]
 
 
 def test_records_at_or_below_the_last_sequence_are_ignored() -> None:

@@ -190,11 +190,19 @@ function gateCard(g, opts) {
   return card;
 }
 
-// Keep cards that are being answered (or show a result) instead of re-rendering them away.
-function syncGates(container, gates, opts) {
+// A card whose gate closes stays, saying who answered it and when (never vanishing under the operator).
+function syncGates(container, gates, opts, resolved) {
   const want = new Set(gates.map((g) => g.gate_id));
+  const done = new Map((resolved || []).map((g) => [g.gate_id, g]));
   for (const card of Array.from(container.children)) {
-    if (!want.has(card.dataset.gate) && !card.dataset.answer) card.remove();
+    if (want.has(card.dataset.gate) || card.dataset.answer) continue;
+    const g = done.get(card.dataset.gate);
+    card.querySelectorAll("button, input").forEach((b) => { b.disabled = true; });
+    const msg = card.querySelector(".result-msg");
+    msg.textContent = g ? g.note : "no longer open (its turn ended)";
+    msg.className = "result-msg error";
+    card.dataset.answer = g && g.action !== "abandoned" ? "already_answered" : "closed";
+    setTimeout(() => card.remove(), 60000);
   }
   const have = new Set(Array.from(container.children).map((c) => c.dataset.gate));
   gates.forEach((g) => { if (!have.has(g.gate_id)) container.append(gateCard(g, opts)); });
@@ -249,7 +257,7 @@ function gatesPage() {
   const load = throttle(async () => {
     const doc = await api("/api/gates");
     if (!doc.ok) return;
-    syncGates($("#gates"), doc.gates, { withLoop: true });
+    syncGates($("#gates"), doc.gates, { withLoop: true }, doc.resolved);
     $("#no-gates").hidden = doc.gates.length > 0;
   }, 250);
   load();
@@ -405,7 +413,7 @@ function loopPage() {
     $("#f-tokens").textContent = `${s.tokens} (in ${s.input_tokens}, out ${s.output_tokens})`;
     $("#f-events").textContent = String(s.events); $("#f-activity").textContent = when(s.last_activity);
     $("#f-error").textContent = s.state === "failed" ? s.last_error : "";
-    syncGates($("#loop-gates"), s.open_gates, {});
+    syncGates($("#loop-gates"), s.open_gates, {}, s.resolved_gates);
     document.body.dataset.state = s.state;
   }, 200);
 
