@@ -69,14 +69,23 @@ async def loop_feed(nc: NATS, names: Names, loop_id: str, after: int) -> AsyncIt
         with contextlib.suppress(asyncio.QueueFull):  # live events may be dropped
             queue.put_nowait(frame("live", event))
 
-    live = await nc.subscribe(names.live_loop(loop_id), cb=on_live)
-    js = nc.jetstream()
-    config = api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, inactive_threshold=30.0
-    )
-    hist = await js.subscribe(
-        names.hist(loop_id), stream=names.history_stream, ordered_consumer=True, cb=on_record, config=config
-    )
+    subs: list[Any] = []
+    try:
+        subs.append(await nc.subscribe(names.live_loop(loop_id), cb=on_live))
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, inactive_threshold=30.0
+        )
+        js = nc.jetstream()
+        subs.append(
+            await js.subscribe(
+                names.hist(loop_id), stream=names.history_stream, ordered_consumer=True, cb=on_record, config=config
+            )
+        )
+    except (nats.errors.Error, TimeoutError) as e:
+        # The response has started: say why in the stream and end it (the page reconnects).
+        yield frame("error", {"kind": "unavailable", "message": f"cannot follow the loop: {e}"})
+        await _unsubscribe(subs)
+        return
     try:
         yield retry_frame()
         while True:
@@ -85,8 +94,12 @@ async def loop_feed(nc: NATS, names: Names, loop_id: str, after: int) -> AsyncIt
             except TimeoutError:
                 yield HEARTBEAT
     finally:
-        # Shielded: the page went away (the request is being cancelled) and the subscriptions must go too.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-            for sub in (hist, live):
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
+        await _unsubscribe(subs)
+
+
+async def _unsubscribe(subs: list[Any]) -> None:
+    # Shielded: the page went away (the request is being cancelled) and the subscriptions must go too.
+    with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+        for sub in reversed(subs):
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
