@@ -66,6 +66,7 @@ class EmbeddedStack:
     model: str = ""  # LW_MODEL of the committer: the default model of new loops
     chunk_delay: float = 0.0  # demo model: pause between streamed chunks
     log_level: str = "INFO"
+    console_port: int | None = None  # None: no operator console
     server: NatsServer | None = None
     supervisor: Supervisor = field(default_factory=Supervisor)
     stack_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -111,7 +112,14 @@ class EmbeddedStack:
             out.append(
                 ServiceProcess(f"tool-{name}", service_command("tool", name), env, log_path=str(logs / f"{name}.log"))
             )
+        if self.console_port is not None:
+            args = ["-m", "services.cli", "console", "--port", str(self.console_port)]
+            out.append(ServiceProcess("console", args, env, log_path=str(logs / "console.log")))
         return out
+
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.console_port}/" if self.console_port is not None else ""
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start NATS, then every service in parallel; return once all are READY (or raise)."""
@@ -416,9 +424,16 @@ def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
     if port and not _port_free(port):
         port = free_port()
         print(f"port {args.port} is in use (another nats-server?): using {port} instead", flush=True)
+    console_port: int | None = None
+    if not args.no_console:
+        console_port = args.console_port or free_port()
+        if not _port_free(console_port):
+            console_port = free_port()
+            print(f"port {args.console_port} is in use: the console uses {console_port} instead", flush=True)
     stack = EmbeddedStack(
         tools=_tool_list(args.tools),
         port=port,
+        console_port=console_port,
         data_dir=args.data_dir or "",
         prefix=args.prefix,
         model=args.model,
@@ -437,7 +452,8 @@ def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
             f"prefix:   {stack.prefix}\n"
             f"data:     {stack.data_dir}{' (temporary)' if not args.data_dir else ''}\n"
             f"logs:     {stack.log_dir}\n"
-            f"services: committer, model-step, tools: {', '.join(stack.tools)}\n\n"
+            f"services: committer, model-step, tools: {', '.join(stack.tools)}\n"
+            f"console:  {stack.console_url or 'off (--no-console)'}\n\n"
             f"In another shell:\n"
             f"  {env}LOOP=$(loopwire start)\n"
             f'  loopwire send $LOOP "what is 17*23 and what time is it in Tokyo?" --wait\n'

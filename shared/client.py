@@ -218,10 +218,12 @@ class LoopClient:
         *,
         text: str = "",
         reason: str = "",
+        resolver: str = "",
         command_id: str | None = None,
     ) -> ApiResult:
+        """Answer a gate; ``resolver`` names who answers (the history records ``operator`` when empty)."""
         cid = command_id or _new_id()
-        req = AnswerRequest(command_id=cid, gate_id=gate_id, action=action, text=text, reason=reason)
+        req = AnswerRequest(command_id=cid, gate_id=gate_id, action=action, text=text, reason=reason, resolver=resolver)
         return await self._call(loop_id, "answer", req, cid)
 
     async def close(self, loop_id: str, *, command_id: str | None = None) -> ApiResult:

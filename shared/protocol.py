@@ -51,6 +51,7 @@ __all__ = [
     "error_from_body",
 ]
 
+RESOLVER_MAX_CHARS: Final = 64
 # Longest error message / error field (event, field, rule) in a reply, in UTF-8 bytes.
 ERROR_MESSAGE_MAX_BYTES: Final = 2048
 ERROR_FIELD_MAX_BYTES: Final = 256
@@ -196,6 +197,8 @@ class AnswerRequest(_Wire):
     action: AnswerAction
     text: str = ""
     reason: str = ""
+    # Who answers (recorded as GateResolved.resolver; "" = "operator"), at most RESOLVER_MAX_CHARS.
+    resolver: str = ""
 
 
 class InterruptRequest(_Wire):

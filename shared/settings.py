@@ -34,6 +34,7 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
     "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
     "LW_LOG_LEVEL": "log level of services (default INFO)",
+    "LW_CONSOLE_TOKEN": "token the operator console requires (header X-Loopwire-Token); needed off loopback",
     "LW_UVLOOP": "1 = run services on uvloop when it is installed (pip install loopwire[bench]); default 0",
     "LW_OPENAI_BASE_URL": "OpenAI-compatible API base URL incl. /v1 (default https://api.openai.com/v1)",
     "LW_OPENAI_API_KEY": "API key of the OpenAI-compatible server (empty: no Authorization header)",

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="default model of new loops (env LW_MODEL, default demo)")
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
     p.add_argument("--chunk-delay", type=float, default=0.0, metavar="S", help="pause between demo-model chunks")
+    p.add_argument(
+        "--console-port", type=int, default=8080, metavar="N", help="operator console port (8080; 0 = a free port)"
+    )
+    p.add_argument("--no-console", action="store_true", help="do not start the operator console")
     p.set_defaults(handler="up")
 
     # --- one service in the foreground --------------------------------------------------------
@@ -131,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _mcp_parser(which)
     p.set_defaults(handler="serve")
+
+    p = command(
+        "console",
+        "serve the operator console: a web page to watch loops live, answer gates, steer and inspect",
+        "Serve the console (pages and server-sent events; it alone talks to NATS) until Ctrl-C. A host that "
+        "is not loopback needs LW_CONSOLE_TOKEN, which the page then sends with every request.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.set_defaults(handler="console")
 
     # --- client commands ----------------------------------------------------------------------
     p = command("start", "start a loop; prints its id")
@@ -355,6 +369,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_client(handler.split(":", 1)[1], args)
     if handler == "schema":
         return _run_schema(args)
+    if handler == "console":
+        from services.console.server import run_console
+
+        return run_console(args, settings_from(args))
     from services import embedded
 
     if handler == "demo":

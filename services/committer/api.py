@@ -39,6 +39,7 @@ from shared.events import (
 from shared.history import LoopHistory, load
 from shared.protocol import (
     REQUEST_TYPES,
+    RESOLVER_MAX_CHARS,
     AnswerRequest,
     ApiReply,
     CloseRequest,
@@ -350,6 +351,12 @@ class LoopApi:
         self._require_loop(h)
         if not is_uuid(req.gate_id):
             raise WireError(ErrorKind.INVALID, "gate_id must be a canonical UUID", field="gate_id")
+        if len(req.resolver) > RESOLVER_MAX_CHARS or not req.resolver.isprintable():
+            raise WireError(
+                ErrorKind.INVALID,
+                f"resolver must be at most {RESOLVER_MAX_CHARS} printable characters",
+                field="resolver",
+            )
         if req.action not in ANSWER_ACTIONS:
             raise WireError(ErrorKind.INVALID, f"action must be one of {', '.join(ANSWER_ACTIONS)}", field="action")
         g = h.gates.get(req.gate_id)
@@ -373,7 +380,7 @@ class LoopApi:
             action=req.action,
             text=req.text,
             reason=req.reason,
-            resolver="operator",
+            resolver=req.resolver.strip() or "operator",
         )
         return Outcome(events=[e], signal_work=True)
 

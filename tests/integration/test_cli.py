@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from services.cli import main
@@ -158,7 +159,11 @@ def test_up_prints_what_to_do(up: Up) -> None:
     text = "".join(up.output)
     assert f"export LW_NATS_URL={up.url}" in text
     assert "loopwire send $LOOP" in text and "loopwire approve GATE" in text
-    assert len(marked_pids(up.marker)) == 1 + 1 + 1 + 1 + 8  # up, nats-server, committer, model-step, 8 tools
+    # up, nats-server, committer, model-step, 8 tools, console
+    assert len(marked_pids(up.marker)) == 1 + 1 + 1 + 1 + 8 + 1
+    console = re.search(r"^console:  (http://127\.0\.0\.1:\d+/)$", text, re.M)
+    assert console, text
+    assert httpx.get(console.group(1) + "api/loops").json()["ok"] is True
 
 
 def test_start_send_wait_history(up: Up, capsys: pytest.CaptureFixture[str]) -> None:

@@ -237,6 +237,19 @@ async def test_answer_rules(committer: Settings, nc: NATS, api: LoopClient) -> N
     assert await work_pending(nc, committer, loop.loop_id) == 1
 
 
+async def test_answer_names_its_resolver(committer: Settings, nc: NATS, api: LoopClient) -> None:
+    loop = await api.start()
+    _, (gate, other) = await open_turn_with_gates(nc, committer, loop.loop_id, 2, ["approve", "deny"])
+    for bad in ("x" * 65, "tab\there"):
+        with pytest.raises(InvalidRequestError) as err:
+            await api.answer(loop.loop_id, gate.gate.id, "approve", resolver=bad)
+        assert err.value.body.field == "resolver"
+    await api.answer(loop.loop_id, gate.gate.id, "approve", resolver=" alice ")
+    await api.answer(loop.loop_id, other.gate.id, "deny", resolver="   ")
+    resolved = [e for e in await events(nc, committer, loop.loop_id) if isinstance(e, GateResolved)]
+    assert [(e.gate_id, e.resolver) for e in resolved] == [(gate.gate.id, "alice"), (other.gate.id, "operator")]
+
+
 async def test_close_ends_an_open_turn(committer: Settings, nc: NATS, api: LoopClient) -> None:
     with pytest.raises(NotFoundError):
         await api.close(new_id())

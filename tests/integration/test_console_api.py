@@ -1,0 +1,134 @@
+"""``loopwire console`` as a process over HTTP: waiting for the history stream, and SSE resumption by sequence."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from nats.aio.client import Client as NATS
+
+from shared.client import LoopClient
+from shared.history import replay
+from shared.natsserver import free_port
+from shared.procs import ServiceProcess
+from shared.settings import Settings
+from tests.integration.committer_fixtures import running_committer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def console(settings: Settings) -> Iterator[str]:
+    port = free_port()
+    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": ""}
+    with tempfile.TemporaryDirectory(prefix="lw-console-") as d:
+        proc = ServiceProcess(
+            "console", ["-m", "services.cli", "console", "--port", str(port)], env, log_path=str(Path(d) / "log")
+        )
+        proc.start(timeout=30)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.stop(timeout=10)
+
+
+async def frames(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[tuple[str, str, dict]]:
+    """(id, event, data) of each SSE frame with data."""
+    async with client.stream("GET", url, headers=headers) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        fid, kind = "", ""
+        async for line in r.aiter_lines():
+            if line.startswith("id: "):
+                fid = line[4:]
+            elif line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                yield fid, kind, json.loads(line[6:])
+            elif line == "":
+                fid, kind = "", ""
+
+
+async def commits(client: httpx.AsyncClient, url: str, headers: dict[str, str], n: int) -> list[int]:
+    got: list[int] = []
+    with anyio.fail_after(10):
+        async for fid, kind, data in frames(client, url, headers):
+            if kind == "commit":
+                assert int(fid) == data["seq"]
+                got.append(data["seq"])
+                if len(got) == n:
+                    return got
+    raise AssertionError("the stream ended")
+
+
+async def test_console_waits_for_the_history_stream_then_resumes_by_sequence(
+    console: str, settings: Settings, nc: NATS
+) -> None:
+    async with httpx.AsyncClient(base_url=console, timeout=10) as client:
+        r = await client.get("/api/loops")
+        assert r.status_code == 503 and "waiting for the history stream" in r.json()["error"]["message"]
+        page = await client.get(f"/loops/{'0' * 8}-0000-4000-8000-{'0' * 12}")
+        assert page.status_code == 503 and "Not ready" in page.text
+
+        async with running_committer(settings):
+            with anyio.fail_after(10):
+                while (await client.get("/api/loops")).status_code != 200:
+                    await anyio.sleep(0.05)
+            api = LoopClient(nc, settings.names)
+            loop_id = (await api.start()).loop_id
+            for k in range(3):
+                await api.input(loop_id, f"input {k}")
+            seqs = [seq async for seq, _ in replay(nc, loop_id, names=settings.names)]
+            assert len(seqs) == 4
+            url = f"/api/loops/{loop_id}/stream"
+
+            # From the start, from ?after= and from Last-Event-ID (which wins): exactly the later records.
+            assert await commits(client, url, {}, 4) == seqs
+            assert await commits(client, f"{url}?after={seqs[1]}", {}, 2) == seqs[2:]
+            assert await commits(client, f"{url}?after={seqs[0]}", {"Last-Event-ID": str(seqs[2])}, 1) == seqs[3:]
+
+            # A record committed while the stream is open arrives once, after the earlier ones.
+            async def later() -> None:
+                await anyio.sleep(0.3)
+                await api.input(loop_id, "later")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(later)
+                got = await commits(client, url, {"Last-Event-ID": str(seqs[-1])}, 1)
+            assert got[0] > seqs[-1]
+
+            r = await client.get(url, headers={"Last-Event-ID": "abc"})
+            assert r.status_code == 400 and r.json()["error"]["field"] == "Last-Event-ID"
+
+            listed = (await client.get("/api/loops")).json()
+            assert [s["loop_id"] for s in listed["loops"]] == [loop_id] and listed["loops"][0]["state"] == "running"
+            events = (await client.get(f"/api/loops/{loop_id}/events?limit=2")).json()
+            assert [e["seq"] for e in events["events"]] == [*seqs, got[0]][-2:] and events["more"] is True
+
+
+async def test_a_page_of_large_records_is_read_whole_and_cut(console: str, settings: Settings, nc: NATS) -> None:
+    async with running_committer(settings), httpx.AsyncClient(base_url=console, timeout=30) as client:
+        api = LoopClient(nc, settings.names)
+        loop_id = (await api.start()).loop_id
+        big = 10  # 10 records of 900 kB: more than one Direct Get batch (8 MB) holds
+        for k in range(big):
+            await api.input(loop_id, f"{k}" + "x" * 900_000)
+        with anyio.fail_after(10):
+            while (await client.get(f"/api/loops/{loop_id}")).json().get("loop", {}).get("events") != big + 1:
+                await anyio.sleep(0.05)
+        doc = (await client.get(f"/api/loops/{loop_id}/events")).json()
+        seqs = [seq async for seq, _ in replay(nc, loop_id, names=settings.names)]
+        assert [e["seq"] for e in doc["events"]] == seqs and doc["more"] is False
+        texts = [e["event"]["message"]["blocks"][0]["text"] for e in doc["events"][1:]]
+        assert all(e["cut"] for e in doc["events"][1:]) and all(len(t) < 2100 for t in texts)
+        assert [t[0] for t in texts] == [str(k) for k in range(big)]
+        whole = (await client.get(f"/api/loops/{loop_id}/events/{seqs[1]}")).json()
+        assert whole["event"]["message"]["blocks"][0]["text"] == "0" + "x" * 900_000
+        other = await api.start()  # a record of another loop is not this loop's
+        for seq in (other.seq, seqs[-1] + 10**6, 0, 2**64):
+            r = await client.get(f"/api/loops/{loop_id}/events/{seq}")
+            assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
