@@ -27,13 +27,13 @@ from rich.text import Text
 
 from services.cli.errors import CliError
 from services.cli.render import answer_text, clip, clock_of, describe, event_json, json_line, short
+from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
 from shared.client import LoopClient
 from shared.codec import decode_event, decode_live
 from shared.errors import LoopwireError
 from shared.events import (
-    POLICY_EFFECTS,
     Event,
     Limits,
     LoopClosed,
@@ -281,13 +281,10 @@ async def wait_for_turn(
 
 
 def parse_policy(items: list[str]) -> dict[str, PolicyEffect]:
-    policy: dict[str, PolicyEffect] = {}
-    for item in items:
-        tool_name, sep, effect = item.partition("=")
-        if not sep or not tool_name or effect not in POLICY_EFFECTS:
-            raise CliError(f"--policy wants TOOL=allow|deny|ask (TOOL may be *), got {item!r}")
-        policy[tool_name] = cast(PolicyEffect, effect)
-    return policy
+    try:
+        return policy_rules(items)
+    except ValueError as e:
+        raise CliError(f"--policy wants {e}") from None
 
 
 def safety_of(spec: ToolSpec) -> str:

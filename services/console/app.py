@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 from services.console import rules
 from services.console.index import LoopIndex
 from services.console.sse import HEARTBEAT, frame, loop_feed, record_json, retry_frame
+from services.model_step.policy import parse_policy as policy_rules
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect, direct_get_batch, get_msg
 from shared.client import LoopClient
 from shared.errors import ErrorKind, LoopwireError
@@ -226,17 +227,11 @@ def int_param(request: Request, name: str, default: int, *, low: int = 0, high: 
     return value
 
 
-def parse_policy(text: str) -> dict[str, str]:
-    policy: dict[str, str] = {}
-    for item in text.replace(",", "\n").splitlines():
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, effect = item.partition("=")
-        if not sep or not name.strip() or effect.strip() not in POLICY_EFFECTS:
-            raise ApiError(ErrorKind.INVALID, f"policy wants TOOL=allow|deny|ask, got {item!r}", field="policy")
-        policy[name.strip()] = effect.strip()
-    return policy
+def parse_policy(text: str) -> dict[str, PolicyEffect]:
+    try:
+        return policy_rules(line for line in text.replace(",", "\n").splitlines() if line.strip())
+    except ValueError as e:
+        raise ApiError(ErrorKind.INVALID, f"policy wants {e}", field="policy") from None
 
 
 # --- guards ---------------------------------------------------------------------------------------
@@ -484,7 +479,7 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
             model=body.get("model") or None,
             system=text_field(body, "system") or None,
             tools=tools,
-            policy=cast("dict[str, PolicyEffect]", parse_policy(body.get("policy", ""))) or None,
+            policy=parse_policy(body.get("policy", "")) or None,
             default_policy=cast("PolicyEffect | None", default_policy),
             limits=limits,
             command_id=cid,

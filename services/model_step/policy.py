@@ -5,9 +5,10 @@ Pure functions over the folded history, so every replica reaches the same decisi
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, cast
 
-from shared.events import GateResolved, LoopStarted
+from shared.events import POLICY_EFFECTS, GateResolved, LoopStarted, PolicyEffect
 
 ALLOW: Final = "allow"
 DENY: Final = "deny"
@@ -22,6 +23,19 @@ def policy_effect(config: LoopStarted | None, tool_name: str, always_allowed: fr
         return ALLOW
     effect = config.policy.get(tool_name) or config.policy.get("*") or config.default_policy
     return effect if effect in (ALLOW, DENY, ASK) else DENY
+
+
+def parse_policy(items: Iterable[str]) -> dict[str, PolicyEffect]:
+    """``TOOL=allow|deny|ask`` items (TOOL may be ``*``) as a loop policy; ValueError names a bad item."""
+    policy: dict[str, PolicyEffect] = {}
+    for raw in items:
+        item = raw.strip()
+        tool_name, sep, effect = item.partition("=")
+        tool_name, effect = tool_name.strip(), effect.strip()
+        if not sep or not tool_name or effect not in POLICY_EFFECTS:
+            raise ValueError(f"TOOL=allow|deny|ask (TOOL may be *), got {item!r}")
+        policy[tool_name] = cast(PolicyEffect, effect)
+    return policy
 
 
 def tool_allowed_for_loop(config: LoopStarted | None, tool_name: str) -> bool:
