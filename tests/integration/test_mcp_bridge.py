@@ -325,7 +325,7 @@ async def test_mcp_server_time(nc: NATS, settings: Settings) -> None:
     async with registry(nc, settings) as reg, bridged(nc, settings, "time", time_command()):
         live = await reg.wait_for("time_get_current_time")
         assert live.source == "mcp:time" and "timezone" in live.input_schema["properties"]
-        assert reg.get("time_convert_time") is not None
+        await reg.wait_for("time_convert_time")  # (registrations arrive one by one)
         out = text(await call(nc, settings, "time_get_current_time", {"timezone": "Europe/Warsaw"}))
         assert msgspec.json.decode(out)["timezone"] == "Europe/Warsaw"
         bad = await call(nc, settings, "time_get_current_time", {"timezone": "Not/AZone"})
