@@ -135,9 +135,9 @@ def release(path: Path) -> None:
 
 async def test_probe_tools_register_and_map_results(nc: NATS, settings: Settings, probe_log: Path) -> None:
     async with registry(nc, settings) as reg, bridged(nc, settings, "probe", probe_command()):
-        await reg.wait_for("probe_slow")
-        names = {t.name for t in reg.live()}
-        assert {"probe_slow", "probe_count", "probe_pid", "probe_fail", "probe_structured", "probe_image"} <= names
+        wanted = {"probe_slow", "probe_count", "probe_pid", "probe_fail", "probe_structured", "probe_image"}
+        # (the registrations arrive one by one)
+        await reg.wait_until(lambda r: wanted <= {t.name for t in r.live()})
         slow = reg.get("probe_slow")
         assert slow is not None and slow.source == "mcp:probe" and slow.healthy
         assert slow.read_only is True and slow.open_world is False
@@ -383,7 +383,7 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
             tg.start_soon(lambda: bridge.run(ready=ready, stop=stop))
             with anyio.fail_after(20):
                 await ready.wait()
-            assert reg.get("web_echo") is not None and reg.get("web_echo").source == "mcp:web"  # type: ignore[union-attr]
+            assert (await reg.wait_for("web_echo")).source == "mcp:web"
             assert text(await call(nc, settings, "web_echo", {"message": "over http"})) == "Echo: over http"
             progress: list[str] = []
 
