@@ -47,6 +47,7 @@ from shared.subjects import (
     H_SEQUENCE,
     H_STATUS,
     H_SUBJECT,
+    Names,
     js_api,
     kv_stream,
 )
@@ -294,6 +295,29 @@ async def ensure_history_stream(js: JetStreamContext, settings: Settings) -> api
 
 async def ensure_work_stream(js: JetStreamContext, settings: Settings) -> api.StreamInfo:
     return await ensure_stream(js, work_stream_config(settings), _WORK_KEYS)
+
+
+async def signal_work(nc: NATS, names: Names, loop_id: str, *, within: float, request_timeout: float = 2.0) -> None:
+    """Queue a work signal for ``loop_id`` on the work stream (a new signal replaces a pending one).
+
+    Retried while JetStream is unavailable (a leader election, a reconnect) for up to ``within``
+    seconds; then the last :class:`JetStreamUnavailableError` / :class:`JetStreamError` is raised.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    delay = 0.05
+    while True:
+        try:
+            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=request_timeout)
+            return
+        except JetStreamError as e:
+            if not e.retryable or loop.time() + delay > deadline:
+                raise
+        except JetStreamUnavailableError:
+            if loop.time() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 async def ensure_kv(

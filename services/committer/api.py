@@ -20,7 +20,7 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
-from shared.bus import ERR_MAX_MSGS_PER_SUBJECT, JetStreamError, JetStreamUnavailableError, js_publish
+from shared.bus import JetStreamError, JetStreamUnavailableError, signal_work
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError, Rule
@@ -62,7 +62,6 @@ log = logging.getLogger("loopwire.committer.api")
 # Namespace of the event ids derived from (loop, verb, command, index).
 _EVENT_NS: Final = uuid.UUID("8f7d2c56-93b4-4c1e-9a1f-6b0d3e5a7c21")
 CACHE_LOOPS: Final = 1024
-_WORK_TIMEOUT: Final = 2.0
 
 
 @dataclass(slots=True)
@@ -234,26 +233,11 @@ class LoopApi:
             return seqs[-1], outcome.signal_work
 
     async def _signal_work(self, loop_id: str) -> None:
-        """Publish the loop's work signal; one already pending (discard-new per subject) is fine."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.commit_retry_seconds
-        delay = 0.05
-        while True:
-            try:
-                await js_publish(self._nc, self._names.work(loop_id), b"", {}, request_timeout=_WORK_TIMEOUT)
-                return
-            except JetStreamError as e:
-                if e.err_code == ERR_MAX_MSGS_PER_SUBJECT:
-                    return
-                problem = str(e)
-            except JetStreamUnavailableError as e:
-                problem = str(e)
-            if loop.time() + delay > deadline:
-                # The command is committed; the next command or a model-step rescan picks the loop up.
-                log.error("could not signal work for loop %s: %s", loop_id, problem)
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        try:
+            await signal_work(self._nc, self._names, loop_id, within=self._settings.commit_retry_seconds)
+        except (JetStreamError, JetStreamUnavailableError) as e:
+            # The command is committed; the next command or a model-step rescan picks the loop up.
+            log.error("could not signal work for loop %s: %s", loop_id, e)
 
     # --- building events ------------------------------------------------------------------------
 

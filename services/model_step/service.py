@@ -21,8 +21,8 @@ from services.model_step.driver import LoopDriver
 from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
-from services.model_step.work import WorkPuller, consumer_config, signal_work
-from shared.bus import connect, ensure_all, is_transient_setup_error
+from services.model_step.work import WorkPuller, consumer_config
+from shared.bus import connect, ensure_all, is_transient_setup_error, signal_work
 from shared.client import CommitClient
 from shared.history import load
 from shared.results import ResultStore
@@ -32,6 +32,8 @@ log = logging.getLogger("loopwire.model_step")
 
 # How long a replica keeps trying to queue a loop's remaining work after acking its item.
 LOOK_AGAIN_SECONDS: Final = 300.0
+# How long one work signal is retried while JetStream is unavailable (then the caller decides).
+SIGNAL_SECONDS: Final = 2.0
 # How long start-up waits for JetStream (a fresh or busy cluster may still be electing leaders).
 START_RETRY_SECONDS: Final = 30.0
 # Longest wait of one pull for the first work item (an idle replica asks again after it).
@@ -145,12 +147,12 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             try:
                 h = await load(nc, names, loop_id, driver.cache.get(loop_id))
                 if next_action(h).action is not Action.NONE:
-                    await signal_work(nc, names, loop_id)
+                    await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS)
                 return
             except Exception as e:
                 log.warning("loop %s: looking again after the ack failed (%s); signalling anyway", loop_id, e)
             try:
-                await signal_work(nc, names, loop_id)
+                await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS)
                 return
             except Exception as e:
                 if anyio.current_time() > deadline:

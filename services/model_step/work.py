@@ -18,14 +18,12 @@ import logging
 import time
 from typing import Final
 
-import anyio
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.bus import js_publish
 from shared.subjects import H_STATUS, Names, js_api
 
 log = logging.getLogger("loopwire.model_step.work")
@@ -33,18 +31,6 @@ log = logging.getLogger("loopwire.model_step.work")
 # Extra time a waiting pull allows the server for its answer before giving up on the connection.
 _ANSWER_GRACE_SECONDS: Final = 5.0
 _HEARTBEAT_STATUS: Final = "100"
-
-
-async def signal_work(nc: NATS, names: Names, loop_id: str) -> None:
-    """Queue a work signal for ``loop_id`` (it replaces a pending one); retried while JetStream is busy."""
-    for delay in (0.05, 0.1, 0.2, 0.5, 1.0):
-        try:
-            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=2.0)
-            return
-        except Exception as e:  # transient (leader election, reconnect): try again shortly
-            log.warning("work signal for %s failed: %s", loop_id, e)
-        await anyio.sleep(delay)
-    raise RuntimeError(f"could not queue a work signal for loop {loop_id}")
 
 
 def consumer_config(names: Names, ack_wait: float) -> ConsumerConfig:
