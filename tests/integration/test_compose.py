@@ -327,6 +327,13 @@ async def test_permissions_refuse_what_they_should(secured: NatsServer) -> None:
     # Nor may it commit or drive loops.
     seen = await _violations(secured, "tool-calculator", publish=("lw.commit.x", "lw.api.x.start"))
     assert len(seen) == 2 and all("permissions violation for publish" in s for s in seen), seen
+    # Call records: a worker writes its own tool's only, model-step only step plans.
+    seen = await _violations(
+        secured, "tool-calculator", publish=("$KV.lw_results.tool.clock.x", "$KV.lw_results.step.x")
+    )
+    assert len(seen) == 2 and all("permissions violation for publish" in s for s in seen), seen
+    seen = await _violations(secured, "model-step", publish=("$KV.lw_results.tool.calculator.x",))
+    assert len(seen) == 1 and "permissions violation for publish" in seen[0], seen
     # The server logs violations (so the log check in the loop test above means something).
     assert "Violation" in secured.log_tail(1_000_000)
     # And the history stream refuses deletes and purges, whoever asks.
