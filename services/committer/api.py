@@ -20,6 +20,7 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
+from shared import telemetry
 from shared.bus import ERR_MAX_MSGS_PER_SUBJECT, JetStreamError, JetStreamUnavailableError, js_publish
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
@@ -125,10 +126,14 @@ class LoopApi:
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one loop-API request (never raises for bad input)."""
-        try:
-            reply = await self._handle(subject, data)
-        except WireError as e:
-            return encode(ApiReply(ok=False, error=e.body()))
+        verb = subject.rsplit(".", 1)[-1]
+        attributes = {telemetry.MESSAGING_SYSTEM: "nats", telemetry.MESSAGING_OPERATION: verb}
+        with telemetry.span(f"{verb} {self._names.prefix}.api", kind="server", attributes=attributes) as span:
+            try:
+                reply = await self._handle(subject, data)
+            except WireError as e:
+                telemetry.set_error(span, str(e.kind), str(e))
+                return encode(ApiReply(ok=False, error=e.body()))
         return encode(reply)
 
     @asynccontextmanager
@@ -240,7 +245,8 @@ class LoopApi:
         delay = 0.05
         while True:
             try:
-                await js_publish(self._nc, self._names.work(loop_id), b"", {}, request_timeout=_WORK_TIMEOUT)
+                headers = telemetry.inject({})  # the work signal carries the request's trace
+                await js_publish(self._nc, self._names.work(loop_id), b"", headers, request_timeout=_WORK_TIMEOUT)
                 return
             except JetStreamError as e:
                 if e.err_code == ERR_MAX_MSGS_PER_SUBJECT:

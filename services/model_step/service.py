@@ -22,6 +22,7 @@ from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config, signal_work
+from shared import metrics, telemetry
 from shared.bus import connect, ensure_all, is_transient_setup_error
 from shared.client import CommitClient
 from shared.history import load
@@ -164,9 +165,15 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             await msg.nak(delay=BUSY_NAK_SECONDS)
             return
         busy.add(loop_id)
+        if metrics.ENABLED:
+            with contextlib.suppress(Exception):  # a pull reply's metadata says how many wait behind it
+                metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
+        metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
-            await _drive_item(msg, loop_id)
+            with telemetry.attached(msg.headers):  # the work signal's trace: the request that queued it
+                await _drive_item(msg, loop_id)
         finally:
+            metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
             busy.discard(loop_id)
 
     async def _drive_item(msg: Msg, loop_id: str) -> None:
