@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -71,7 +72,8 @@ def configure(service: str) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     name = os.environ.get("OTEL_SERVICE_NAME", "").strip() or f"loopwire-{service}"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    instance = f"{socket.gethostname()}-{os.getpid()}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name, "service.instance.id": instance}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("loopwire")

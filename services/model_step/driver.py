@@ -479,6 +479,7 @@ class LoopDriver:
             iteration=s.iteration,
             calls_so_far=s.calls_so_far,
         )
+        tracing.gate_event("gate.resolved", g.gate.id, g.gate.kind, g.gate.tool_name, effect=effect)
         # Calls of this step may have been sent before the gate's answer came (a re-run after a stop).
         await self._authorise_and_run(h, t, g.step_id, resumed, rerun=True)
 
@@ -688,6 +689,8 @@ class LoopDriver:
                 reason=GATE_OUTCOME_UNKNOWN if unknown else "",
             ),
         )
+
+        tracing.gate_event("gate.opened", gate_id, kind, p.call.name)
 
         def build(cur: LoopHistory) -> list[Event] | None:
             return [opened, request]

@@ -142,3 +142,13 @@ def _commit(stream: str, loop_id: str, count: int) -> Iterator[Any]:
     with telemetry.span(f"commit {stream}", kind="client", attributes=attributes) as span:
         yield span
         metrics.observe(metrics.COMMIT_SECONDS, time.perf_counter() - started, "model-step")
+
+
+def gate_event(name: str, gate_id: str, kind: str, tool: str, *, effect: str = "") -> None:
+    """A gate wait, as an event on the turn's span (the wait itself holds no span open)."""
+    if not telemetry.ENABLED:
+        return
+    attributes = {"loopwire.gate.id": gate_id, "loopwire.gate.kind": kind, telemetry.GEN_AI_TOOL_NAME: tool}
+    if effect:
+        attributes["loopwire.gate.effect"] = effect
+    telemetry.add_event(name, attributes)

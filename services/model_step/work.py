@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from shared import telemetry
 from shared.bus import js_publish
 from shared.subjects import H_STATUS, Names, js_api
 
@@ -39,7 +40,7 @@ async def signal_work(nc: NATS, names: Names, loop_id: str) -> None:
     """Queue a work signal for ``loop_id`` (it replaces a pending one); retried while JetStream is busy."""
     for delay in (0.05, 0.1, 0.2, 0.5, 1.0):
         try:
-            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=2.0)
+            await js_publish(nc, names.work(loop_id), b"", telemetry.inject({}), request_timeout=2.0)
             return
         except Exception as e:  # transient (leader election, reconnect): try again shortly
             log.warning("work signal for %s failed: %s", loop_id, e)
