@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -225,4 +226,4 @@ async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues
             assert any(x["name"] == "execute_tool calculator" for x in resumed)
             (ts,) = await turn_started(nc, settings, loop_id)
             assert trace_of(ts.traceparent)[0] == trace_id
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
