@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from shared import metrics, telemetry
+from shared import logfmt, metrics, telemetry
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
@@ -23,6 +23,7 @@ def setup_logging(settings: Settings, name: str) -> None:
     if settings.log_format == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter(name))
+        logfmt.ENABLED = True
         logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO), handlers=[handler])
         return
     logging.basicConfig(

@@ -23,6 +23,14 @@ _bound: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("
 _encoder: Final = msgspec.json.Encoder()
 
 
+ENABLED = False  # set when services write JSON lines: only then are coordinates bound
+
+
+def bind(**ids: str) -> contextlib.AbstractContextManager[None]:
+    """:func:`bound` while JSON logging is on, else nothing (the hot path pays no context switch)."""
+    return bound(**ids) if ENABLED else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def bound(**ids: str) -> Iterator[None]:
     """Attach coordinates (non-empty ones) to every log line written inside the block (task-local)."""

@@ -22,7 +22,7 @@ from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config, signal_work
-from shared import metrics, telemetry
+from shared import logfmt, metrics, telemetry
 from shared.bus import connect, ensure_all, is_transient_setup_error
 from shared.client import CommitClient
 from shared.history import load
@@ -170,7 +170,7 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
                 metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
         metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
-            with telemetry.attached(msg.headers):  # the work signal's trace: the request that queued it
+            with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
                 await _drive_item(msg, loop_id)
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from services.model_step.models.base import StreamAccumulator
-from shared import metrics, telemetry
+from shared import logfmt, metrics, telemetry
 from shared.content import ToolUseBlock
 from shared.history import LoopHistory
 
@@ -30,7 +30,8 @@ class TurnTrace:
     def advance(self, h: LoopHistory, starting_turn: bool) -> contextlib.AbstractContextManager[Any]:
         """Around one pass of the drive: make the turn's span current (starting it when needed)."""
         if not telemetry.ENABLED:
-            return contextlib.nullcontext()
+            t = h.open_turn
+            return logfmt.bind(turn_id=t.turn_id) if t is not None else contextlib.nullcontext()
         return self._advance(h, starting_turn)
 
     @contextlib.contextmanager

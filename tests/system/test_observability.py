@@ -122,7 +122,11 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
             "That expression is not valid.",
         ],
     )
-    with otlp_receiver(tmp_path) as (endpoint, out), system(settings, env=tracing_env(endpoint)):
+    env_json = {"LW_LOG_FORMAT": "json"}
+    with (
+        otlp_receiver(tmp_path) as (endpoint, out),
+        system(settings, env={**tracing_env(endpoint), **env_json}) as sys_,
+    ):
         lc = LoopClient(nc, settings.names)
         demo, bad, gated = (str(uuid.uuid4()) for _ in range(3))
         await lc.start(demo, model="demo")
@@ -187,6 +191,13 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         # The first drive's span ended when it parked at the gate, before the operator answered.
         assert agents[0]["end"] <= resumed["start"]
         check_cross_process_links(gate_spans)
+
+        # LW_LOG_FORMAT=json: every service writes one JSON object per line.
+        lines = [ln for f in sys_.log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
+        assert lines
+        for ln in lines:
+            doc = json.loads(ln)
+            assert {"time", "level", "service", "message"} <= set(doc), doc
 
 
 async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues(
