@@ -92,6 +92,26 @@ def shutdown() -> None:
         provider.shutdown()
 
 
+class _NoSpan:
+    """What span helpers yield while tracing is off: every method is a no-op."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        pass
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def is_recording(self) -> bool:
+        return False
+
+
+NO_SPAN: Final = _NoSpan()
+NULL: Final = contextlib.nullcontext(NO_SPAN)
+
+
 # --- context propagation over NATS headers ---------------------------------------------------------
 
 
@@ -130,12 +150,15 @@ def extract(headers: Mapping[str, str] | None) -> Any:
     return propagate.extract(dict(headers))
 
 
-@contextlib.contextmanager
-def attached(headers: Mapping[str, str] | None) -> Iterator[None]:
+def attached(headers: Mapping[str, str] | None) -> contextlib.AbstractContextManager[Any]:
     """Make the trace context carried by a message's headers current for the block."""
     if not ENABLED or not headers:
-        yield
-        return
+        return NULL
+    return _attached(headers)
+
+
+@contextlib.contextmanager
+def _attached(headers: Mapping[str, str]) -> Iterator[None]:
     from opentelemetry import context
 
     token = context.attach(extract(headers))
@@ -165,26 +188,6 @@ def context_of(tp: str) -> Any:
 
 
 # --- spans ----------------------------------------------------------------------------------------
-
-
-class _NoSpan:
-    """What span helpers yield while tracing is off: every method is a no-op."""
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        pass
-
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        pass
-
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        pass
-
-    def is_recording(self) -> bool:
-        return False
-
-
-NO_SPAN: Final = _NoSpan()
-NULL: Final = contextlib.nullcontext(NO_SPAN)
 
 
 def span(

@@ -102,16 +102,17 @@ class CommitHandler:
         self._appender = appender
         self._max_input = max_input_bytes
         self._max_record = max_record_bytes
+        self._span_name = f"append {appender.stream}"
+        self._span_attributes = {
+            telemetry.MESSAGING_SYSTEM: "nats",
+            telemetry.MESSAGING_OPERATION: "append",
+            telemetry.MESSAGING_DESTINATION: appender.stream,
+        }
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one commit request (never raises for bad input)."""
         started = time.perf_counter()
-        attributes = {
-            telemetry.MESSAGING_SYSTEM: "nats",
-            telemetry.MESSAGING_OPERATION: "append",
-            telemetry.MESSAGING_DESTINATION: self._appender.stream,
-        }
-        with telemetry.span(f"append {self._appender.stream}", kind="server", attributes=attributes) as span:
+        with telemetry.span(self._span_name, kind="server", attributes=self._span_attributes) as span:
             try:
                 seqs = await self._commit(subject, data)
             except WireError as e:
