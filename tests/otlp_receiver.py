@@ -111,3 +111,33 @@ def main(port_file: str, out_file: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+
+
+def waterfall(spans: list[dict[str, Any]], width: int = 40) -> str:
+    """A text waterfall of one trace: spans as a tree (children by start time) with time bars."""
+    if not spans:
+        return ""
+    t0 = min(s["start"] for s in spans)
+    t1 = max(s["end"] for s in spans)
+    scale = width / max(1, t1 - t0)
+    ids = {s["span_id"] for s in spans}
+    children: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        parent = s["parent_span_id"] if s["parent_span_id"] in ids else ""
+        children.setdefault(parent, []).append(s)
+    rows: list[str] = []
+
+    def walk(parent: str, depth: int) -> None:
+        for s in sorted(children.get(parent, []), key=lambda x: x["start"]):
+            a = int((s["start"] - t0) * scale)
+            b = max(a + 1, int((s["end"] - t0) * scale))
+            bar = " " * a + "█" * (b - a)
+            label = ("  " * depth + s["name"])[:44]
+            service = s["service"].removeprefix("loopwire-")[:12]
+            ms = (s["end"] - s["start"]) / 1e6
+            mark = " ERROR" if s["status"] == "error" else ""
+            rows.append(f"{label:<44} {service:<12} {ms:8.2f} ms |{bar:<{width}}|{mark}")
+            walk(s["span_id"], depth + 1)
+
+    walk("", 0)
+    return "\n".join(rows)

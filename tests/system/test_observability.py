@@ -10,6 +10,7 @@ replica resuming the turn continues.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from shared import events as ev
 from shared.client import LoopClient
 from shared.content import AIMessage
 from shared.settings import Settings
+from tests.otlp_receiver import waterfall
 from tests.syshelpers import history, system, wait_for, wait_history, write_script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(180)]
@@ -156,6 +158,11 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         ]
         assert all(c["attributes"]["gen_ai.request.model"] for c in chats)
         assert all(s["status"] != "error" for s in spans)
+        # The text waterfall docs/observability.md shows (LW_TRACE_OUT=FILE keeps it).
+        picture = waterfall(spans)
+        assert picture.splitlines()[0].startswith(("start ", "input ", "invoke_agent"))
+        if os.environ.get("LW_TRACE_OUT"):
+            await anyio.Path(os.environ["LW_TRACE_OUT"]).write_text(picture + "\n")
         # Every span of every loop's turn is in its own trace: no span of this turn elsewhere.
         others = [s for s in read_spans(out) if s["attributes"].get("loopwire.turn_id") == ts.turn_id]
         assert all(s["trace_id"] == trace_id for s in others)
