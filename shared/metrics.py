@@ -95,7 +95,11 @@ def serve(port: int, addr: str = "0.0.0.0") -> bool:
     global ENABLED
     if port <= 0:
         return False
-    start_http_server(port, addr=addr, registry=REGISTRY)
+    try:
+        start_http_server(port, addr=addr, registry=REGISTRY)
+    except OSError as e:  # metrics are an aid: a taken port must not stop the service's real work
+        log.error("cannot serve metrics on port %d (%s); metrics are off", port, e)
+        return False
     ENABLED = True
     log.info("metrics on http://%s:%d/metrics", addr, port)
     return True
