@@ -87,3 +87,13 @@ def test_committed_records_are_counted_by_type_and_the_exposition_parses(monkeyp
     assert "loopwire_commit_duration_seconds" in families
     for name in families:
         assert name.startswith("loopwire_")
+
+
+def test_a_tool_context_holds_a_no_op_span_while_tracing_is_off() -> None:
+    from services.tools.sdk import ToolContext
+
+    ctx = ToolContext()
+    assert ctx.span is telemetry.NO_SPAN
+    ctx.span.set_attribute("k", 1)  # safe to use unconditionally
+    ctx.span.add_event("e")
+    assert not ctx.span.is_recording()
