@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from services.model_step.models.base import StreamAccumulator
+from services.model_step.models.base import FINISH_END_TURN, FINISH_TOOL_USE, StreamAccumulator
 from shared import logfmt, metrics, telemetry
 from shared.content import ToolUseBlock
 from shared.history import LoopHistory
@@ -52,7 +52,8 @@ class TurnTrace:
             return
         token = context.attach(trace.set_span_in_context(self._span))
         try:
-            yield
+            with logfmt.bind(turn_id=t.turn_id if t is not None else ""):
+                yield
         finally:
             context.detach(token)
 
@@ -119,8 +120,11 @@ def chat_result(span: Any, model: str, acc: StreamAccumulator) -> None:
     if usage is not None:
         span.set_attribute(telemetry.GEN_AI_INPUT_TOKENS, usage.input_tokens)
         span.set_attribute(telemetry.GEN_AI_OUTPUT_TOKENS, usage.output_tokens)
-    calls = any(isinstance(b, ToolUseBlock) for b in ai.blocks or [])
-    span.set_attribute(telemetry.GEN_AI_FINISH_REASONS, ["tool_call" if calls else "stop"])
+    reason = acc.finish_reason
+    if not reason:  # the model said none: what the response shows
+        calls = any(isinstance(b, ToolUseBlock) for b in ai.blocks or [])
+        reason = FINISH_TOOL_USE if calls else FINISH_END_TURN
+    span.set_attribute(telemetry.GEN_AI_FINISH_REASONS, [reason])
 
 
 def commit(stream: str, loop_id: str, count: int) -> contextlib.AbstractContextManager[Any]:

@@ -157,6 +157,7 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
             (c["attributes"]["gen_ai.usage.input_tokens"], c["attributes"]["gen_ai.usage.output_tokens"]) for c in chats
         ]
         assert all(c["attributes"]["gen_ai.request.model"] for c in chats)
+        assert [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats] == [["tool_use"], ["end_turn"]]
         assert all(s["status"] != "error" for s in spans)
         # The text waterfall docs/observability.md shows (LW_TRACE_OUT=FILE keeps it).
         picture = waterfall(spans)
