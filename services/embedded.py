@@ -67,6 +67,8 @@ class EmbeddedStack:
     chunk_delay: float = 0.0  # demo model: pause between streamed chunks
     log_level: str = "INFO"
     console_port: int | None = None  # None: no operator console
+    metrics: bool = False  # every service serves /metrics on a port of its own (metric_ports)
+    metric_ports: dict[str, int] = field(default_factory=dict)
     server: NatsServer | None = None
     supervisor: Supervisor = field(default_factory=Supervisor)
     stack_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -115,7 +117,15 @@ class EmbeddedStack:
         if self.console_port is not None:
             args = ["-m", "services.cli", "console", "--port", str(self.console_port)]
             out.append(ServiceProcess("console", args, env, log_path=str(logs / "console.log")))
+        if self.metrics:
+            for svc in out:
+                port = self.metric_ports.setdefault(svc.name, free_port())
+                svc.env = {**svc.env, "LW_METRICS_PORT": str(port)}
         return out
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        return {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metric_ports.items()}
 
     @property
     def console_url(self) -> str:
@@ -438,6 +448,7 @@ def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
         prefix=args.prefix,
         model=args.model,
         chunk_delay=max(0.0, args.chunk_delay),
+        metrics=not args.no_metrics,
     )
     print(f"starting nats-server, committer, model-step and {len(stack.tools)} tool workers…", flush=True)
     with running(stack, interrupts):
@@ -453,7 +464,8 @@ def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
             f"data:     {stack.data_dir}{' (temporary)' if not args.data_dir else ''}\n"
             f"logs:     {stack.log_dir}\n"
             f"services: committer, model-step, tools: {', '.join(stack.tools)}\n"
-            f"console:  {stack.console_url or 'off (--no-console)'}\n\n"
+            f"console:  {stack.console_url or 'off (--no-console)'}\n"
+            f"metrics:  {_metrics_lines(stack)}\n\n"
             f"In another shell:\n"
             f"  {env}LOOP=$(loopwire start)\n"
             f'  loopwire send $LOOP "what is 17*23 and what time is it in Tokyo?" --wait\n'
@@ -557,3 +569,10 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
 
 def _overrides(settings: Settings) -> dict[str, object]:
     return {"nats_urls": settings.nats_urls, "prefix": settings.prefix}
+
+
+def _metrics_lines(stack: EmbeddedStack) -> str:
+    urls = stack.metrics_urls
+    if not urls:
+        return "off (--no-metrics)"
+    return "\n          ".join(f"{name}: {url}" for name, url in urls.items())

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from shared import logfmt, metrics, telemetry
+from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
 
@@ -18,6 +20,12 @@ ServeFn = Callable[[Settings, anyio.Event, anyio.Event], Awaitable[None]]
 
 
 def setup_logging(settings: Settings, name: str) -> None:
+    if settings.log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter(name))
+        logfmt.ENABLED = True
+        logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO), handlers=[handler])
+        return
     logging.basicConfig(
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
         format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
@@ -39,6 +47,8 @@ def run_service(name: str, serve: ServeFn, settings: Settings | None = None) -> 
     """Run ``serve(settings, stop, ready)`` until SIGTERM/SIGINT sets ``stop``; 0 on a graceful stop."""
     settings = settings or Settings.from_env()
     setup_logging(settings, name)
+    telemetry.configure(name)
+    metrics.serve(settings.metrics_port)
 
     async def main() -> None:
         stop = anyio.Event()
@@ -67,4 +77,6 @@ def run_service(name: str, serve: ServeFn, settings: Settings | None = None) -> 
         anyio.run(main, backend_options=event_loop_options(settings))
     except KeyboardInterrupt:
         return 130
+    finally:
+        telemetry.shutdown()
     return 0

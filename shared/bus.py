@@ -297,7 +297,15 @@ async def ensure_work_stream(js: JetStreamContext, settings: Settings) -> api.St
     return await ensure_stream(js, work_stream_config(settings), _WORK_KEYS)
 
 
-async def signal_work(nc: NATS, names: Names, loop_id: str, *, within: float, request_timeout: float = 2.0) -> None:
+async def signal_work(
+    nc: NATS,
+    names: Names,
+    loop_id: str,
+    *,
+    within: float,
+    request_timeout: float = 2.0,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Queue a work signal for ``loop_id`` on the work stream (a new signal replaces a pending one).
 
     Retried while JetStream is unavailable (a leader election, a reconnect) for up to ``within``
@@ -308,7 +316,7 @@ async def signal_work(nc: NATS, names: Names, loop_id: str, *, within: float, re
     delay = 0.05
     while True:
         try:
-            await js_publish(nc, names.work(loop_id), b"", {}, request_timeout=request_timeout)
+            await js_publish(nc, names.work(loop_id), b"", headers or {}, request_timeout=request_timeout)
             return
         except JetStreamError as e:
             if not e.retryable or loop.time() + delay > deadline:

@@ -18,6 +18,7 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from shared import telemetry
 from shared.bus import request_with_grace
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
 from shared.content import UserMessage
@@ -78,7 +79,9 @@ NO_RESPONDERS_GRACE: Final = 2.0
 
 async def _request(nc: NATS, subject: str, payload: bytes, wait: float) -> bytes:
     try:
-        msg = await request_with_grace(nc, subject, payload, timeout=wait, grace=NO_RESPONDERS_GRACE)
+        msg = await request_with_grace(
+            nc, subject, payload, timeout=wait, grace=NO_RESPONDERS_GRACE, headers=telemetry.headers_or_none()
+        )
     except nats.errors.NoRespondersError:
         raise _unavailable(f"no committer is serving {subject}") from None
     except nats.errors.TimeoutError:

@@ -65,6 +65,7 @@ from shared.wiretypes import (
     Rfc3339OrEmpty,
     SummaryText,
     ToolName,
+    TraceparentOrEmpty,
     TurnIndex,
     Uuid,
     UuidOrEmpty,
@@ -264,6 +265,8 @@ class LoopClosed(Event):
 class TurnStarted(Event):
     turn_index: TurnIndex = 0
     message: UserMessage = msgspec.field(default_factory=UserMessage)
+    # The turn's ``invoke_agent`` span: every later span of the turn, in any process, joins its trace.
+    traceparent: TraceparentOrEmpty = ""
 
 
 class TurnFoldedInto(Event):

@@ -71,6 +71,7 @@ class OpenTurn(msgspec.Struct, kw_only=True):
     tool_iterations: int = 0  # committed steps that ran tools
     tool_calls: int = 0  # tool uses in those steps
     usage: Usage = msgspec.field(default_factory=Usage)
+    traceparent: str = ""  # the turn's trace (TurnStarted), "" when it was not traced
 
 
 class GateState(msgspec.Struct, kw_only=True):
@@ -187,7 +188,9 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             self.idle = False
             self.messages.append(cp(event.message))
             self.turns += 1
-            self.open_turn = OpenTurn(turn_id=event.turn_id, turn_index=event.turn_index, started_seq=seq)
+            self.open_turn = OpenTurn(
+                turn_id=event.turn_id, turn_index=event.turn_index, started_seq=seq, traceparent=event.traceparent
+            )
             self._consume(cmd)
         elif isinstance(event, TurnFoldedInto):
             self.idle = False

@@ -34,6 +34,11 @@ ENV_VARS: Final[dict[str, str]] = {
     "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
     "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
     "LW_LOG_LEVEL": "log level of services (default INFO)",
+    "LW_LOG_FORMAT": "log line format of services: text (default) or json (one JSON object per line)",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "OTLP/HTTP endpoint traces are exported to (unset = tracing off), e.g. http://127.0.0.1:4318",
+    "OTEL_SERVICE_NAME": "service name on exported spans (default loopwire-<service>)",
+    "OTEL_TRACES_SAMPLER": "OpenTelemetry trace sampler, e.g. parentbased_traceidratio (default parentbased_always_on)",
+    "LW_METRICS_PORT": "port each service serves Prometheus /metrics on (default 0 = off; loopwire up sets it)",
     "LW_CONSOLE_TOKEN": "token the operator console requires (header X-Loopwire-Token); needed off loopback",
     "LW_UVLOOP": "1 = run services on uvloop when it is installed (pip install loopwire[bench]); default 0",
     "LW_OPENAI_BASE_URL": "OpenAI-compatible API base URL incl. /v1 (default https://api.openai.com/v1)",
@@ -69,6 +74,12 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _log_format(raw: str) -> str:
+    if raw.lower() not in ("text", "json"):
+        raise ValueError(f"LW_LOG_FORMAT must be text or json, got {raw[:40]!r}")
+    return raw.lower()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     nats_urls: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -95,6 +106,8 @@ class Settings:
     tool_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 1.0
     log_level: str = "INFO"
+    log_format: str = "text"
+    metrics_port: int = 0
     uvloop: bool = False
     openai_base_url: str = "https://api.openai.com/v1"
     openai_api_key: str = field(default="", repr=False)
@@ -141,6 +154,8 @@ class Settings:
             tool_timeout_seconds=_float(e, "LW_TOOL_TIMEOUT_SECONDS", d.tool_timeout_seconds),
             heartbeat_seconds=_float(e, "LW_HEARTBEAT_SECONDS", d.heartbeat_seconds),
             log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
+            log_format=_log_format(_get(e, "LW_LOG_FORMAT", d.log_format)),
+            metrics_port=_int(e, "LW_METRICS_PORT", d.metrics_port),
             uvloop=_get(e, "LW_UVLOOP", "0").lower() in ("1", "true", "yes", "on"),
             openai_base_url=_get(e, "LW_OPENAI_BASE_URL", d.openai_base_url),
             openai_api_key=_get(e, "LW_OPENAI_API_KEY", ""),

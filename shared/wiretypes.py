@@ -36,6 +36,9 @@ RFC3339_PATTERN: Final = exact(RFC3339_BODY)
 RFC3339_OR_EMPTY_PATTERN: Final = exact(f"(?:{RFC3339_BODY})?")
 TOOL_NAME_BODY: Final = "[A-Za-z0-9_-]{1,64}"
 TOOL_NAME_PATTERN: Final = exact(TOOL_NAME_BODY)
+# W3C trace context, version 00, with non-zero trace and span ids.
+TRACEPARENT_BODY: Final = "00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+TRACEPARENT_OR_EMPTY_PATTERN: Final = exact(f"(?:{TRACEPARENT_BODY})?")
 POLICY_KEY_PATTERN: Final = exact(f"(?:\\*|{TOOL_NAME_BODY})")
 # Python's whitespace (str.isspace), spelled out: ECMA 262's \s is a different set.
 WHITESPACE_CLASS: Final = (
@@ -87,6 +90,15 @@ Rfc3339OrEmpty = Annotated[
         pattern=RFC3339_OR_EMPTY_PATTERN,
         title="Rfc3339OrEmpty",
         description='An RFC 3339 date-time, or "" (= absent).',
+    ),
+]
+TraceparentOrEmpty = Annotated[
+    str,
+    Meta(
+        pattern=TRACEPARENT_OR_EMPTY_PATTERN,
+        max_length=55,
+        title="TraceparentOrEmpty",
+        description='A W3C traceparent (version 00), or "" (= not traced).',
     ),
 ]
 ToolName = Annotated[

@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--console-port", type=int, default=8080, metavar="N", help="operator console port (8080; 0 = a free port)"
     )
     p.add_argument("--no-console", action="store_true", help="do not start the operator console")
+    p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus /metrics from the services")
     p.set_defaults(handler="up")
 
     # --- one service in the foreground --------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
+from shared import telemetry
 from shared.bus import JetStreamError, JetStreamUnavailableError, signal_work
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
@@ -124,10 +125,14 @@ class LoopApi:
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one loop-API request (never raises for bad input)."""
-        try:
-            reply = await self._handle(subject, data)
-        except WireError as e:
-            return encode(ApiReply(ok=False, error=e.body()))
+        verb = subject.rsplit(".", 1)[-1]
+        attributes = {telemetry.MESSAGING_SYSTEM: "nats", telemetry.MESSAGING_OPERATION: verb}
+        with telemetry.span(f"{verb} {self._names.prefix}.api", kind="server", attributes=attributes) as span:
+            try:
+                reply = await self._handle(subject, data)
+            except WireError as e:
+                telemetry.set_error(span, str(e.kind), str(e))
+                return encode(ApiReply(ok=False, error=e.body()))
         return encode(reply)
 
     @asynccontextmanager
@@ -234,7 +239,14 @@ class LoopApi:
 
     async def _signal_work(self, loop_id: str) -> None:
         try:
-            await signal_work(self._nc, self._names, loop_id, within=self._settings.commit_retry_seconds)
+            # The work signal carries the request's trace.
+            await signal_work(
+                self._nc,
+                self._names,
+                loop_id,
+                within=self._settings.commit_retry_seconds,
+                headers=telemetry.inject({}),
+            )
         except (JetStreamError, JetStreamUnavailableError) as e:
             # The command is committed; the next command or a model-step rescan picks the loop up.
             log.error("could not signal work for loop %s: %s", loop_id, e)

@@ -16,8 +16,10 @@ import logging
 from collections.abc import Sequence
 from typing import Final
 
+import msgspec
 from nats.aio.client import Client as NATS
 
+from shared import metrics
 from shared.bus import (
     ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_MSG_TOO_LARGE,
@@ -48,6 +50,10 @@ class Appender:
         self._names = names
         self._retry_seconds = retry_seconds
 
+    @property
+    def stream(self) -> str:
+        return self._names.history_stream
+
     async def append(
         self, loop_id: str, expected_last_seq: int, payloads: Sequence[bytes], msg_ids: Sequence[str]
     ) -> list[int]:
@@ -77,8 +83,11 @@ class Appender:
                     ack = await js_publish(self._nc, subject, payloads[0], headers[0], request_timeout=timeout)
                     if ack.duplicate:
                         await self._check_duplicate(stream, ack.seq, payloads[0], msg_ids[0], timeout)
+                    else:
+                        _count(payloads)
                     return [ack.seq]
                 ack = await publish_batch(self._nc, subject, payloads, headers, request_timeout=timeout)
+                _count(payloads)
                 # An atomic batch is applied as one unit: its records have consecutive sequences.
                 return list(range(ack.seq - len(payloads) + 1, ack.seq + 1))
             except JetStreamError as e:
@@ -108,6 +117,7 @@ class Appender:
                     "retrying the same commit is safe",
                 )
             log.debug("append to %s retried: %s", subject, last_problem)
+            metrics.inc(metrics.APPENDS_RETRIED)
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
@@ -164,3 +174,16 @@ class Appender:
             f"expected last sequence {expected_last_seq}, the loop's last sequence is {last_seq}",
             last_seq=last_seq,
         )
+
+
+class _Type(msgspec.Struct):
+    type: str = ""
+
+
+_type_decoder: Final = msgspec.json.Decoder(_Type)
+
+
+def _count(payloads: Sequence[bytes]) -> None:
+    """Count appended records by type (a batch's duplicate is all-or-nothing: counted once)."""
+    if metrics.ENABLED:
+        metrics.committed(_type_decoder.decode(p).type for p in payloads)

@@ -6,9 +6,11 @@ that fits the size limit; then they are appended as one unit (see :mod:`.appende
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Final
 
+from shared import metrics, telemetry
 from shared.codec import decode_event, encode_event
 from shared.errors import (
     EphemeralNotPersistableError,
@@ -100,13 +102,26 @@ class CommitHandler:
         self._appender = appender
         self._max_input = max_input_bytes
         self._max_record = max_record_bytes
+        self._span_name = f"append {appender.stream}"
+        self._span_attributes = {
+            telemetry.MESSAGING_SYSTEM: "nats",
+            telemetry.MESSAGING_OPERATION: "append",
+            telemetry.MESSAGING_DESTINATION: appender.stream,
+        }
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one commit request (never raises for bad input)."""
-        try:
-            seqs = await self._commit(subject, data)
-        except WireError as e:
-            return encode(CommitReply(ok=False, error=e.body()))
+        started = time.perf_counter()
+        with telemetry.span(self._span_name, kind="server", attributes=self._span_attributes) as span:
+            try:
+                seqs = await self._commit(subject, data)
+            except WireError as e:
+                metrics.inc(metrics.COMMIT_ERRORS, str(e.kind))
+                telemetry.set_error(span, str(e.kind), str(e))
+                return encode(CommitReply(ok=False, error=e.body()))
+            span.set_attribute(telemetry.MESSAGING_BATCH_COUNT, len(seqs))
+            span.set_attribute(telemetry.LW_STREAM_SEQ, seqs[-1])
+            metrics.observe(metrics.COMMIT_SECONDS, time.perf_counter() - started, "committer")
         return encode(CommitReply(ok=True, seqs=seqs, last_seq=seqs[-1]))
 
     async def _commit(self, subject: str, data: bytes) -> list[int]:

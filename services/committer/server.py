@@ -17,6 +17,7 @@ import anyio
 import nats.errors
 from nats.aio.msg import Msg
 
+from shared import telemetry
 from shared.bus import IncompatibleConfigError, connect, ensure_all
 from shared.errors import ErrorKind
 from shared.protocol import ApiReply as _Reply
@@ -92,7 +93,8 @@ async def serve(
         async def run(handler: Handler, msg: Msg) -> None:
             try:
                 try:
-                    reply = await handler(msg.subject, msg.data)
+                    with telemetry.attached(msg.headers):
+                        reply = await handler(msg.subject, msg.data)
                 except Exception as e:  # a bug, not bad input: answer, log, keep serving
                     log.exception("handler failed on %s", msg.subject)
                     body = ErrorBody(kind=ErrorKind.UNAVAILABLE, message=f"internal error: {e!r}")

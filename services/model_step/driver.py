@@ -25,6 +25,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.model_step import tracing
 from services.model_step.lease import Guard
 from services.model_step.models.base import (
     ModelError,
@@ -37,7 +38,7 @@ from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_eff
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
 from services.tools.client import CallOutcome, outcome_of
 from shared import events as ev
-from shared import shaping
+from shared import shaping, telemetry
 from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live, encode_live
@@ -155,6 +156,7 @@ class LoopDriver:
 
         # Subscribe before the first read: a record committed meanwhile is either read or flagged.
         sub = await self.nc.subscribe(names.hist(loop_id), cb=on_hist)
+        turn_trace = tracing.TurnTrace()
         try:
             h = await self._refresh(loop_id)
             for _ in range(10_000):  # a bound, not a budget: each pass commits something
@@ -165,7 +167,8 @@ class LoopDriver:
                     interrupted["step"] = scope
                     self._basis[loop_id] = h.last_seq  # the step's inputs are read from this fold
                     try:
-                        await self._advance(h, nxt.action, nxt.gate)
+                        with turn_trace.advance(h, nxt.action is Action.START_TURN):
+                            await self._advance(h, nxt.action, nxt.gate)
                     except StepAbandoned as e:
                         log.info("loop %s: step abandoned (%s)", loop_id, e)
                     except CommitRefused as e:
@@ -175,6 +178,7 @@ class LoopDriver:
                 interrupted.clear()
                 h = await self._refresh(loop_id)
         finally:
+            turn_trace.close()
             await sub.unsubscribe()
             self._own.pop(loop_id, None)
             self._foreign.pop(loop_id, None)
@@ -226,6 +230,7 @@ class LoopDriver:
                 turn_index=h.turns + 1,
                 message=clone(inp.message),
                 cause=Cause(command_id=inp.cause.command_id, event_id=inp.event_id),
+                traceparent=telemetry.traceparent(),
             )
             await self._commit(h, lambda _h: [ts])
         elif action is Action.IDLE:
@@ -266,7 +271,11 @@ class LoopDriver:
                 if guard is not None:
                     guard.check()
                 try:
-                    result = await self.commits.commit(h.loop_id, expected, events, max_record_bytes=self._max_record)
+                    with tracing.commit(self.settings.names.history_stream, h.loop_id, len(events)) as span:
+                        result = await self.commits.commit(
+                            h.loop_id, expected, events, max_record_bytes=self._max_record
+                        )
+                        span.set_attribute(telemetry.LW_STREAM_SEQ, result.last_seq)
                 except ConflictError:
                     events = None  # not stored: rebuild on the re-read history
                     h = await self._load(h.loop_id)
@@ -370,22 +379,26 @@ class LoopDriver:
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
+        model_name = request.model or h.config.model or self.settings.model
+        chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
         try:
-            async for chunk in model.stream(request):
-                if guard is not None and not guard.held:
-                    guard.check()
-                if chunk.kind in ("text", "refusal", "thinking", "signature", "tool_use"):
-                    delta = ev.TokenDelta(
-                        loop_id=h.loop_id,
-                        turn_id=t.turn_id,
-                        step_id=step_id,
-                        turn_index=t.turn_index,
-                        chunk=ev.Chunk(
-                            kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
-                        ),
-                    )
-                    await self.nc.publish(live, encode_live(delta))  # before folding (seed rule)
-                acc.add(chunk)
+            with chat as chat_span:
+                async for chunk in model.stream(request):
+                    if guard is not None and not guard.held:
+                        guard.check()
+                    if chunk.kind in ("text", "refusal", "thinking", "signature", "tool_use"):
+                        delta = ev.TokenDelta(
+                            loop_id=h.loop_id,
+                            turn_id=t.turn_id,
+                            step_id=step_id,
+                            turn_index=t.turn_index,
+                            chunk=ev.Chunk(
+                                kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
+                            ),
+                        )
+                        await self.nc.publish(live, encode_live(delta))  # before folding (seed rule)
+                    acc.add(chunk)
+                tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
             await self._fail_turn(
                 h,
@@ -466,6 +479,7 @@ class LoopDriver:
             iteration=s.iteration,
             calls_so_far=s.calls_so_far,
         )
+        tracing.gate_event("gate.resolved", g.gate.id, g.gate.kind, g.gate.tool_name, effect=effect)
         # Calls of this step may have been sent before the gate's answer came (a re-run after a stop).
         await self._authorise_and_run(h, t, g.step_id, resumed, rerun=True)
 
@@ -675,6 +689,8 @@ class LoopDriver:
                 reason=GATE_OUTCOME_UNKNOWN if unknown else "",
             ),
         )
+
+        tracing.gate_event("gate.opened", gate_id, kind, p.call.name)
 
         def build(cur: LoopHistory) -> list[Event] | None:
             return [opened, request]

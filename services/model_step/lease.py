@@ -40,6 +40,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from shared import metrics
 from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT, is_gone
 from shared.errors import LoopwireError
 from shared.subjects import Names
@@ -212,6 +213,7 @@ class Leases:
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             return None  # another replica was faster, or the key expired meanwhile
         log.info("loop %s taken over from a replica that is gone (%r)", loop_id, entry.value)
+        metrics.inc(metrics.LEASE_TAKEOVERS)
         return revision
 
 

@@ -22,6 +22,7 @@ from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config
+from shared import logfmt, metrics, telemetry
 from shared.bus import connect, ensure_all, is_transient_setup_error, signal_work
 from shared.client import CommitClient
 from shared.history import load
@@ -147,12 +148,12 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             try:
                 h = await load(nc, names, loop_id, driver.cache.get(loop_id))
                 if next_action(h).action is not Action.NONE:
-                    await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS)
+                    await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
             except Exception as e:
                 log.warning("loop %s: looking again after the ack failed (%s); signalling anyway", loop_id, e)
             try:
-                await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS)
+                await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
             except Exception as e:
                 if anyio.current_time() > deadline:
@@ -166,9 +167,15 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             await msg.nak(delay=BUSY_NAK_SECONDS)
             return
         busy.add(loop_id)
+        if metrics.ENABLED:
+            with contextlib.suppress(Exception):  # a pull reply's metadata says how many wait behind it
+                metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
+        metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
-            await _drive_item(msg, loop_id)
+            with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
+                await _drive_item(msg, loop_id)
         finally:
+            metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
             busy.discard(loop_id)
 
     async def _drive_item(msg: Msg, loop_id: str) -> None:

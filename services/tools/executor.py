@@ -47,9 +47,10 @@ import anyio
 import msgspec
 
 from services.tools import client as cl
+from services.tools import tracing as tool_tracing
 from services.tools.protocol import CallIds
 from services.tools.spec import retry_policy, valid_tool_name
-from shared import shaping
+from shared import shaping, telemetry
 from shared.codec import encode_live
 from shared.content import ToolResultMessage
 from shared.events import (
@@ -305,51 +306,60 @@ async def run_batch(
             )
             await emit(progress)
 
-        call_ids = CallIds(
-            loop_id=loop_id,
-            turn_id=turn_id,
-            step_id=step_id,
-            tool_use_id=use.id,
-            execution_id=item.plan.execution_id,
-            traceparent=traceparent,
-        )
-        policy = retry_policy(spec, (retries or {}).get(use.name))
-        fresh = bool(getattr(item.plan, "fresh", False))
-        backoff = policy.initial_backoff_seconds
-        attempt = 1
-        while True:
-            for resend in range(NOT_STARTED_RESENDS + 1):
-                outcome = await client.call(
-                    use.name,
-                    use.input.encode(),
-                    ids=call_ids,
-                    timeout=float(spec.timeout_seconds),
-                    on_progress=on_progress,
-                    start_by_ms=fence.start_by_ms() if fence is not None else None,
-                    first_send=fresh and attempt == 1 and resend == 0,
-                )
-                # Not started because it reached the worker late (a stopped or backlogged worker): it
-                # never ran, so send it again while our lease holds.
-                if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
-                    break
-            healthy = getattr(spec, "healthy", True)  # False: every replica's backend is down (restarting)
-            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and healthy and on_unavailable is not None:
-                on_unavailable(use.name)  # "no responders"
-            if outcome.status not in policy.retry_on or attempt >= policy.max_attempts:
-                break
-            if fence is not None and not fence.held:
-                break
-            await on_progress(
-                shaping.retry_notice(attempt, policy.max_attempts, outcome.status, outcome.message, backoff)
+        started = time.monotonic()
+        with tool_tracing.call(use.name, tool_tracing.CALLER, use.id, item.plan.execution_id) as span:
+            call_ids = CallIds(
+                loop_id=loop_id,
+                turn_id=turn_id,
+                step_id=step_id,
+                tool_use_id=use.id,
+                execution_id=item.plan.execution_id,
+                traceparent=telemetry.traceparent() or traceparent,
             )
-            await anyio.sleep(backoff)
-            backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
-            attempt += 1
-        item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-        if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not getattr(spec, "healthy", True):
-            # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
-            source = getattr(spec, "source", "") or "its backend"
-            item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
+            policy = retry_policy(spec, (retries or {}).get(use.name))
+            fresh = bool(getattr(item.plan, "fresh", False))
+            backoff = policy.initial_backoff_seconds
+            attempt = 1
+            while True:
+                for resend in range(NOT_STARTED_RESENDS + 1):
+                    outcome = await client.call(
+                        use.name,
+                        use.input.encode(),
+                        ids=call_ids,
+                        timeout=float(spec.timeout_seconds),
+                        on_progress=on_progress,
+                        start_by_ms=fence.start_by_ms() if fence is not None else None,
+                        first_send=fresh and attempt == 1 and resend == 0,
+                    )
+                    # Not started because it reached the worker late (a stopped or backlogged worker): it
+                    # never ran, so send it again while our lease holds.
+                    if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
+                        break
+                healthy = getattr(spec, "healthy", True)  # False: every replica's backend is down (restarting)
+                if (
+                    outcome.status == cl.UNAVAILABLE
+                    and not outcome.worker_id
+                    and healthy
+                    and on_unavailable is not None
+                ):
+                    on_unavailable(use.name)  # "no responders"
+                if outcome.status not in policy.retry_on or attempt >= policy.max_attempts:
+                    break
+                if fence is not None and not fence.held:
+                    break
+                await on_progress(
+                    shaping.retry_notice(attempt, policy.max_attempts, outcome.status, outcome.message, backoff)
+                )
+                await anyio.sleep(backoff)
+                backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
+                attempt += 1
+            item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
+            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not getattr(spec, "healthy", True):
+                # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
+                source = getattr(spec, "source", "") or "its backend"
+                item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
+            status = ("error" if item.is_error else "ok") if outcome.status == cl.OK else outcome.status
+            tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, item.text)
         await complete(item)
 
     runnable = [it for it in items if it.text is None]

@@ -36,7 +36,7 @@ from nats.aio.client import Client as NATS
 
 from services.tools.protocol import CallIds, ResultBody
 from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
-from shared import shaping
+from shared import shaping, telemetry
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from shared.events import RETRYABLE_OUTCOMES, RetryPolicy
 from shared.settings import Settings
@@ -98,6 +98,8 @@ class ToolContext:
         self.nc = nc
         self.settings = settings or Settings()
         self.worker_id = worker_id
+        # The call's ``execute_tool`` span (a no-op object while tracing is off): add attributes/events.
+        self.span = telemetry.current_span()
         self._sink = progress_sink
         self._cancelled = threading.Event()
         try:

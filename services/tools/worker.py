@@ -54,10 +54,11 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from services.tools import protocol as p
+from services.tools import tracing as tool_tracing
 from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
 from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
 from services.tools.spec import Registration
-from shared import shaping
+from shared import logfmt, shaping
 from shared.bus import ensure_kv
 from shared.content import TextBlock
 from shared.results import DONE, STARTED, CallRecord, ResultStore, args_digest, now_ms
@@ -408,7 +409,12 @@ class Worker:
         if eid:
             self._running[eid] = call
         try:
-            kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
+            started = tool_tracing.now()
+            bind = logfmt.bind(loop_id=ids.loop_id, turn_id=ids.turn_id, step_id=ids.step_id, tool_execution_id=eid)
+            with bind, tool_tracing.call(t.name, tool_tracing.WORKER, ids.tool_use_id, eid, msg.headers or {}) as span:
+                kind, body = await self._execute(t, msg.data, ids, key, deadline_ms, call)
+                outcome = tool_tracing.worker_outcome(kind, body)
+                tool_tracing.finished(span, t.name, tool_tracing.WORKER, outcome, tool_tracing.now() - started)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
                 if t.spec(self.settings).read_only and self._calls_tg is not None:
                     # Nothing to protect (running it again is harmless): written alongside the reply.

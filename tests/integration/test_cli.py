@@ -164,6 +164,11 @@ def test_up_prints_what_to_do(up: Up) -> None:
     console = re.search(r"^console:  (http://127\.0\.0\.1:\d+/)$", text, re.M)
     assert console, text
     assert httpx.get(console.group(1) + "api/loops").json()["ok"] is True
+    # Every service serves /metrics, and up prints where.
+    metrics = dict(re.findall(r"([a-z-]+): (http://127\.0\.0\.1:\d+/metrics)$", text, re.M))
+    assert {"committer", "model-step", "tool-calculator", "console"} <= set(metrics), text
+    for url in metrics.values():
+        assert "loopwire_steps_committed_total" in httpx.get(url).text
 
 
 def test_start_send_wait_history(up: Up, capsys: pytest.CaptureFixture[str]) -> None:

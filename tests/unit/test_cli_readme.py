@@ -33,7 +33,7 @@ def test_ci_runs_the_readme_commands() -> None:
 
 def test_configuration_table_lists_every_variable() -> None:
     section = README[README.index("## Configuration") :]
-    rows = re.findall(r"^\| `(LW_[A-Z0-9_]+)` \| (.*) \|$", section, re.M)
+    rows = re.findall(r"^\| `((?:LW|OTEL)_[A-Z0-9_]+)` \| (.*) \|$", section, re.M)
     expected = "".join(f"| `{k}` | {v} |\n" for k, v in ENV_VARS.items())
     assert rows == list(ENV_VARS.items()), f"README's table must mirror shared.settings.ENV_VARS:\n{expected}"
 

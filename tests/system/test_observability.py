@@ -1,0 +1,248 @@
+"""Traces across processes: committer, model-step and tool workers export OTLP to a real receiver process.
+
+After a demo loop, a loop whose tool returns an error result and a gated loop, every turn is one
+trace (its id is the one recorded in the turn's TurnStarted), with the GenAI/messaging span names,
+parent/child links across at least three processes, token counts equal to the committed usage and
+error status on the error result's spans. A model-step SIGKILLed mid-turn leaves a trace that the
+replica resuming the turn continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from nats.aio.client import Client as NATS
+
+from shared import events as ev
+from shared.client import LoopClient
+from shared.content import AIMessage
+from shared.settings import Settings
+from tests.otlp_receiver import waterfall
+from tests.syshelpers import history, system, wait_for, wait_history, write_script
+
+pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+Span = dict[str, Any]
+
+
+@contextmanager
+def otlp_receiver(tmp: Path) -> Iterator[tuple[str, Path]]:
+    """The receiver (tests/otlp_receiver.py) as its own process; yields (endpoint, spans file)."""
+    port_file, out = tmp / "otlp.port", tmp / "spans.jsonl"
+    out.touch()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.otlp_receiver", str(port_file), str(out)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            assert proc.poll() is None, "the OTLP receiver exited"
+            assert time.monotonic() < deadline, "the OTLP receiver did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}", out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def tracing_env(endpoint: str) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",  # export within moments (a SIGKILL loses only the last 50 ms)
+    }
+
+
+def read_spans(path: Path) -> list[Span]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trace_of(tp: str) -> tuple[str, str]:
+    _, trace_id, span_id, _ = tp.split("-")
+    return trace_id, span_id
+
+
+async def turn_started(nc: NATS, settings: Settings, loop_id: str) -> list[ev.TurnStarted]:
+    return [e for _, e in await history(nc, settings, loop_id) if isinstance(e, ev.TurnStarted)]
+
+
+async def spans_when(path: Path, trace_id: str, ready: Any, timeout: float = 15.0) -> list[Span]:
+    async def probe() -> list[Span] | None:
+        spans = [s for s in read_spans(path) if s["trace_id"] == trace_id]
+        return spans if ready(spans) else None
+
+    return await wait_for(probe, timeout=timeout, interval=0.1)
+
+
+def names(spans: list[Span]) -> set[str]:
+    return {s["name"] for s in spans}
+
+
+def by_id(spans: list[Span]) -> dict[str, Span]:
+    return {s["span_id"]: s for s in spans}
+
+
+def check_cross_process_links(spans: list[Span]) -> None:
+    ids = by_id(spans)
+    workers = [s for s in spans if s["name"].startswith("execute_tool") and s["kind"] == "server"]
+    assert workers
+    for w in workers:
+        caller = ids[w["parent_span_id"]]
+        assert caller["name"] == w["name"] and caller["kind"] == "client"
+        assert caller["service"] == "loopwire-model-step" and w["service"].startswith("loopwire-tool")
+        assert caller["attributes"]["gen_ai.tool.call.id"] == w["attributes"]["gen_ai.tool.call.id"]
+    appends = [s for s in spans if s["name"].startswith("append ") and s["kind"] == "server"]
+    assert appends
+    for a in appends:
+        parent = ids[a["parent_span_id"]]
+        assert parent["name"].startswith("commit ") and parent["service"] == "loopwire-model-step"
+        assert a["service"] == "loopwire-committer" and a["attributes"]["messaging.system"] == "nats"
+        assert a["attributes"]["loopwire.stream_sequence"] > 0
+    assert len({s["instance"] for s in spans}) >= 3  # committer, model-step, tool worker
+
+
+async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS, tmp_path: Path) -> None:
+    erring = write_script(
+        tmp_path,
+        [
+            [
+                {"kind": "tool_use", "index": 0, "id": "call_err_{k}", "name": "calculator"},
+                {"kind": "tool_use", "index": 0, "text": json.dumps({"expression": "2 $ 3"})},
+                {"kind": "finish", "finish_reason": "tool_use"},
+            ],
+            "That expression is not valid.",
+        ],
+    )
+    env_json = {"LW_LOG_FORMAT": "json"}
+    with (
+        otlp_receiver(tmp_path) as (endpoint, out),
+        system(settings, env={**tracing_env(endpoint), **env_json}) as sys_,
+    ):
+        lc = LoopClient(nc, settings.names)
+        demo, bad, gated = (str(uuid.uuid4()) for _ in range(3))
+        await lc.start(demo, model="demo")
+        await lc.start(bad, model=erring)
+        await lc.start(gated, model="demo", policy={"clock": "ask"})
+        for loop_id in (demo, bad, gated):
+            await lc.input(loop_id, "what is 17*23 and what time is it in Tokyo?")
+        await wait_history(nc, settings, demo, lambda h: h.idle)
+        await wait_history(nc, settings, bad, lambda h: h.idle)
+        h = await wait_history(nc, settings, gated, lambda h: bool(h.open_gates))
+        await lc.answer(gated, h.open_gates[0].gate.id, "approve")
+        await wait_history(nc, settings, gated, lambda h: h.idle)
+
+        # --- the demo loop: one trace, expected names, links across processes, tokens = committed usage
+        (ts,) = await turn_started(nc, settings, demo)
+        trace_id, turn_span = trace_of(ts.traceparent)
+        spans = await spans_when(out, trace_id, lambda ss: len([s for s in ss if s["name"].startswith("append ")]) >= 3)
+        assert {"invoke_agent", "execute_tool calculator", "execute_tool clock"} <= names(spans)
+        agent = by_id(spans)[turn_span]
+        assert agent["name"] == "invoke_agent" and agent["attributes"]["gen_ai.conversation.id"] == demo
+        check_cross_process_links(spans)
+        chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
+        steps = [e for _, e in await history(nc, settings, demo) if isinstance(e, ev.StepDone)]
+        usages = [m.usage for st in steps for m in st.messages if isinstance(m, AIMessage)]
+        assert [(u.input_tokens, u.output_tokens) for u in usages if u is not None] == [
+            (c["attributes"]["gen_ai.usage.input_tokens"], c["attributes"]["gen_ai.usage.output_tokens"]) for c in chats
+        ]
+        assert all(c["attributes"]["gen_ai.request.model"] for c in chats)
+        assert [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats] == [["tool_use"], ["end_turn"]]
+        assert all(s["status"] != "error" for s in spans)
+        # The text waterfall docs/observability.md shows (LW_TRACE_OUT=FILE keeps it).
+        picture = waterfall(spans)
+        assert picture.splitlines()[0].startswith(("start ", "input ", "invoke_agent"))
+        if os.environ.get("LW_TRACE_OUT"):
+            await anyio.Path(os.environ["LW_TRACE_OUT"]).write_text(picture + "\n")
+        # Every span of every loop's turn is in its own trace: no span of this turn elsewhere.
+        others = [s for s in read_spans(out) if s["attributes"].get("loopwire.turn_id") == ts.turn_id]
+        assert all(s["trace_id"] == trace_id for s in others)
+
+        # --- the error result: error status on the caller's and the worker's execute_tool spans
+        (ts_bad,) = await turn_started(nc, settings, bad)
+        bad_trace, _ = trace_of(ts_bad.traceparent)
+        assert bad_trace != trace_id
+        bad_spans = await spans_when(
+            out, bad_trace, lambda ss: len([s for s in ss if s["name"] == "execute_tool calculator"]) == 2
+        )
+        tool_spans = [s for s in bad_spans if s["name"] == "execute_tool calculator"]
+        assert {s["kind"] for s in tool_spans} == {"client", "server"}
+        assert all(s["status"] == "error" and s["attributes"]["error.type"] == "tool_error" for s in tool_spans)
+
+        # --- the gated loop: the turn's drives before and after the gate share its trace
+        (ts_gate,) = await turn_started(nc, settings, gated)
+        gate_trace, gate_turn_span = trace_of(ts_gate.traceparent)
+        gate_spans = await spans_when(
+            out,
+            gate_trace,
+            lambda ss: (
+                len([s for s in ss if s["name"] == "invoke_agent"]) >= 2
+                and len([s for s in ss if s["name"].startswith("chat ")]) == 2
+            ),
+        )
+        agents = sorted((s for s in gate_spans if s["name"] == "invoke_agent"), key=lambda s: s["start"])
+        events = [e["name"] for s in agents for e in s["events"]]
+        assert "gate.opened" in events and "gate.resolved" in events
+        resumed = agents[-1]
+        assert resumed["parent_span_id"] == gate_turn_span
+        assert {"trace_id": gate_trace, "span_id": gate_turn_span} in resumed["links"]
+        # The first drive's span ended when it parked at the gate, before the operator answered.
+        assert agents[0]["end"] <= resumed["start"]
+        check_cross_process_links(gate_spans)
+
+        # LW_LOG_FORMAT=json: every service writes one JSON object per line.
+        lines = [ln for f in sys_.log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
+        assert lines
+        for ln in lines:
+            doc = json.loads(ln)
+            assert {"time", "level", "service", "message"} <= set(doc), doc
+
+
+async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    env = {**tracing_env(""), "LW_DEMO_CHUNK_DELAY": "0.1"}
+    with otlp_receiver(tmp_path) as (endpoint, out):
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        with system(settings, env=env) as s:
+            lc = LoopClient(nc, settings.names)
+            loop_id = str(uuid.uuid4())
+            await lc.start(loop_id, model="demo")
+            await lc.input(loop_id, "what is 17*23 and what time is it in Tokyo?")
+            h = await wait_history(nc, settings, loop_id, lambda h: h.open_turn is not None)
+            assert h.open_turn is not None
+            trace_id, turn_span = trace_of(h.open_turn.traceparent)
+            # The TurnStarted commit span of the first replica has been exported: kill it mid-step.
+            first = await spans_when(out, trace_id, lambda ss: any(x["name"].startswith("commit ") for x in ss))
+            killed = {x["instance"] for x in first if x["service"] == "loopwire-model-step"}
+            (victim,) = s.sup.by_name("model-step")
+            victim.kill()
+            s.model_step()
+            h = await wait_history(nc, settings, loop_id, lambda h: h.idle, timeout=60)
+            assert h.open_turn is None
+            spans = await spans_when(
+                out,
+                trace_id,
+                lambda ss: any(
+                    x["name"] == "invoke_agent" and x["instance"] not in killed and x["parent_span_id"] == turn_span
+                    for x in ss
+                ),
+            )
+            instances = {x["instance"] for x in spans if x["service"] == "loopwire-model-step"}
+            assert killed < instances  # both replicas' spans, one trace
+            resumed = [x for x in spans if x["instance"] in instances - killed]
+            assert any(x["name"].startswith("chat ") for x in resumed)
+            assert any(x["name"] == "execute_tool calculator" for x in resumed)
+            (ts,) = await turn_started(nc, settings, loop_id)
+            assert trace_of(ts.traceparent)[0] == trace_id
+        await anyio.lowlevel.checkpoint()
