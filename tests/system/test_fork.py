@@ -1,0 +1,226 @@
+"""Forks: branch a loop from any committed point, with a per-tool re-execution policy.
+
+Every service is its own process on one nats-server (committer, model-step, the ledger tool worker,
+which appends each execution it starts to a file). Checked from the stored records and the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from nats.aio.client import Client as NATS
+
+from shared import events as ev
+from shared.bus import connect, get_msg
+from shared.client import CommitClient, LoopClient
+from shared.content import AIMessage, UserMessage, text_of
+from shared.forking import ForkChanges, ForkSpec, build_fork, content_of, valid_points
+from shared.history import LoopHistory
+from shared.natsserver import NatsServer
+from shared.protocol import ConflictError, InvalidRequestError, NotFoundError
+from shared.settings import Settings
+from tests import natsfixtures
+from tests.syshelpers import check_history_invariants, history, wait_history
+from tests.system.faultkit import fleet, write_model
+
+pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
+
+
+def _call(tool: str, note: str) -> list[dict[str, Any]]:
+    return [
+        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": tool},
+        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": note, "hold": 0.01})},
+        {"kind": "finish", "finish_reason": "tool_use"},
+    ]
+
+
+def five_steps(tool: str) -> dict[str, Any]:
+    """Turn 1: two tool steps and an answer; turn 2: one tool step and an answer (5 steps)."""
+    return {
+        "responses": [_call(tool, "a"), _call(tool, "b"), "turn one done", _call(tool, "c"), "turn two done"],
+        "repeat_last": True,
+        "by_first_user_text": {"edited": ["EDITED ANSWER"]},
+    }
+
+
+def finished(h: LoopHistory) -> bool:
+    return h.open_turn is None and not h.pending_inputs and h.idle and not h.forming
+
+
+async def stored_bytes(nc: NATS, settings: Settings, loop_id: str) -> list[bytes]:
+    out = []
+    for seq, _ in await history(nc, settings, loop_id):
+        m = await get_msg(nc, settings.names.history_stream, seq=seq)
+        assert m is not None
+        out.append(m.data)
+    return out
+
+
+def ledger_runs(path: Path, tool: str) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip() and json.loads(line)["tool"] == tool)
+
+
+@pytest.fixture
+async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    counts = {"committer": 1, "tools-ledger": 1, "model-step": 1}
+    with fleet(settings, counts=counts, env={"LW_LEDGER": str(ledger)}, log_dir=tmp_path / "logs"):
+        nc = await connect(settings)
+        try:
+            yield nc, settings, LoopClient(nc, settings.names, timeout=15), ledger
+        finally:
+            await nc.close()
+
+
+async def two_turn_loop(nc: NATS, settings: Settings, api: LoopClient, model: str) -> str:
+    loop_id = (await api.start(model=model)).loop_id
+    await api.input(loop_id, "one")
+    await wait_history(nc, settings, loop_id, lambda h: finished(h) and h.turns == 1, timeout=60)
+    await api.input(loop_id, "two")
+    await wait_history(nc, settings, loop_id, lambda h: finished(h) and h.turns == 2, timeout=60)
+    return loop_id
+
+
+async def test_fork_at_every_valid_point(env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path) -> None:
+    nc, settings, api, ledger = env
+    source = await two_turn_loop(nc, settings, api, write_model(tmp_path, five_steps("ledger_idem"), "m.json"))
+    records = await history(nc, settings, source)
+    assert sum(isinstance(e, ev.StepDone) for _, e in records) == 5
+    before = await stored_bytes(nc, settings, source)
+    points = valid_points(records)
+    kinds = [type(e).__name__ for s, e in records if s in points]
+    assert kinds == ["InputSubmitted", "StepDone", "StepDone", "TurnDone", "InputSubmitted", "StepDone", "TurnDone"]
+    runs = ledger_runs(ledger, "ledger_idem")
+    assert runs == 3
+    forks = {at: (await api.fork(source, at=at)).loop_id for at in points}
+    for at, fork in forks.items():
+        h = await wait_history(nc, settings, fork, finished, timeout=60)
+        got = await history(nc, settings, fork)
+        check_history_invariants(got)
+        assert isinstance(got[0][1], ev.LoopForked) and got[0][1].source_seq == at
+        copied = [content_of(e) for _, e in got[1 : 1 + got[0][1].records]]
+        assert copied == [content_of(e) for s, e in records if s <= at], at
+        # Every branch finishes the turn it was forked in (the model is scripted by position).
+        turns = sum(isinstance(e, ev.InputSubmitted) for s, e in records if s <= at)
+        assert h.turns == turns, at
+        assert text_of(h.messages[-1]) == ("turn one done", "turn two done")[turns - 1], at
+        assert sum(isinstance(m, AIMessage) for m in h.messages) == (3, 5)[turns - 1], at
+    assert await stored_bytes(nc, settings, source) == before
+    # ledger_idem is idempotent: each repeated call took the source's result (reuse): nothing ran.
+    assert ledger_runs(ledger, "ledger_idem") == runs
+
+
+@pytest.mark.parametrize(("policy", "runs"), [("reuse", 0), ("rerun", 1), ("ask", 1)])
+async def test_reexecution_policy(
+    policy: str, runs: int, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    nc, settings, api, ledger = env
+    model = write_model(tmp_path, {"responses": [_call("ledger", "x"), "done"], "repeat_last": True}, "m.json")
+    source = (await api.start(model=model)).loop_id
+    await api.input(source, "go")
+    await wait_history(nc, settings, source, finished, timeout=60)
+    assert ledger_runs(ledger, "ledger") == 1
+    at = next(s for s, e in await history(nc, settings, source) if isinstance(e, ev.InputSubmitted))
+    fork = (await api.fork(source, at=at, reexecution={"ledger": policy} if policy != "ask" else None)).loop_id
+    if policy == "ask":  # ledger is unannotated: the default is ask
+        h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=60)
+        gate = h.open_gates[0].gate
+        assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+        assert ledger_runs(ledger, "ledger") == 1
+        await api.answer(fork, gate.id, "approve")
+    h = await wait_history(nc, settings, fork, finished, timeout=60)
+    assert ledger_runs(ledger, "ledger") == 1 + runs
+    results = [text_of(m) for m in h.messages if m.role == "tool"]
+    assert results == ["recorded x"], results
+
+
+async def test_input_edit_and_errors(env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path) -> None:
+    nc, settings, api, _ = env
+    model = write_model(tmp_path, five_steps("ledger_idem"), "m.json")
+    source = (await api.start(model=model)).loop_id
+    await api.input(source, "one")
+    h = await wait_history(nc, settings, source, lambda h: finished(h) and h.turns == 1, timeout=60)
+    records = await history(nc, settings, source)
+    inp = next(s for s, e in records if isinstance(e, ev.InputSubmitted))
+    started = next(s for s, e in records if isinstance(e, ev.TurnStarted))
+
+    # --input replaces the input the point ends with: the model sees the edit, never the old text.
+    edited = (await api.fork(source, at=inp, input="edited")).loop_id
+    eh = await wait_history(nc, settings, edited, finished, timeout=60)
+    users = [text_of(m) for m in eh.messages if isinstance(m, UserMessage)]
+    assert users == ["edited"] and text_of(eh.messages[-1]) == "EDITED ANSWER", eh.messages
+
+    # Invalid points name the nearest valid ones; unknown loops; nothing is written for either.
+    bad = "00000000-0000-4000-8000-000000000001"
+    with pytest.raises(InvalidRequestError, match=f"nearest valid: {inp}"):
+        await api.fork(source, at=started, loop_id=bad)
+    with pytest.raises(NotFoundError):
+        await api.fork("00000000-0000-4000-8000-000000000002", loop_id=bad)
+    assert await history(nc, settings, bad) == []
+
+    # A repeated fork command answers the same sequence; another command on that loop id conflicts.
+    cid = "00000000-0000-4000-8000-000000000003"
+    first = await api.fork(source, command_id=cid)
+    again = await api.fork(source, command_id=cid, loop_id=first.loop_id)
+    assert again.seq == first.seq
+    with pytest.raises(ConflictError):
+        await api.fork(source, loop_id=first.loop_id)
+
+    # A fork of a fork of a fork; then 20 concurrent forks of one loop: all whole, all different.
+    chain = source
+    for _ in range(3):
+        chain = (await api.fork(chain)).loop_id
+        await wait_history(nc, settings, chain, finished, timeout=60)
+    ch = await history(nc, settings, chain)
+    assert [content_of(e) for _, e in ch[1:]][: len(records) - 1] == [content_of(e) for _, e in records[:-1]]
+    made: list[str] = []
+
+    async def one() -> None:
+        made.append((await api.fork(source)).loop_id)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(one)
+    assert len(set(made)) == 20
+    for f in made:
+        fh = await wait_history(nc, settings, f, lambda h: not h.forming, timeout=30)
+        assert fh.forked is not None and fh.forked.source_loop_id == source and fh.turns == h.turns
+
+    # A closed loop forks into an open one.
+    await api.close(source)
+    reopened = (await api.fork(source)).loop_id
+    await api.input(reopened, "more")
+    rh = await wait_history(nc, settings, reopened, lambda h: finished(h) and h.turns == 2, timeout=60)
+    assert not rh.closed
+
+
+async def test_partial_fork_is_invisible_until_repeated(
+    env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    """A committer that died between a fork's batches leaves a forming loop nothing drives or commands;
+    repeating the fork command writes the rest and the loop is whole."""
+    nc, settings, api, _ = env
+    source = await two_turn_loop(nc, settings, api, write_model(tmp_path, five_steps("ledger_idem"), "m.json"))
+    records = await history(nc, settings, source)
+    fork_id, cid = "00000000-0000-4000-8000-0000000000f1", "00000000-0000-4000-8000-0000000000c1"
+    at = valid_points(records)[-1]
+    spec = ForkSpec(fork_id, source, at, cid, ev.now_rfc3339(), ForkChanges(input="three"), {})
+    from services.committer.api import _derived_id
+
+    events = build_fork(spec, records, _derived_id(fork_id, "fork", cid, 0))
+    await CommitClient(nc, settings.names).commit(fork_id, 0, events[:4])  # the first batch only
+    with pytest.raises(NotFoundError, match="still being forked"):
+        await api.input(fork_id, "hello")
+    await anyio.sleep(1.0)
+    assert len(await history(nc, settings, fork_id)) == 4  # nothing drove it
+    res = await api.fork(source, at=at, input="three", loop_id=fork_id, command_id=cid)
+    h = await wait_history(nc, settings, fork_id, lambda h: finished(h) and h.turns == 3, timeout=60)
+    assert res.seq == h.formed_seq and h.forked is not None
+    check_history_invariants(await history(nc, settings, fork_id))
