@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from shared import events as ev
 from shared.bus import connect, get_msg
 from shared.client import CommitClient, LoopClient
-from shared.content import AIMessage, UserMessage, text_of
+from shared.content import AIMessage, ToolResultMessage, UserMessage, text_of
 from shared.forking import ForkChanges, ForkSpec, build_fork, content_of, valid_points
 from shared.history import LoopHistory
 from shared.natsserver import NatsServer
@@ -117,7 +117,9 @@ async def test_fork_at_every_valid_point(env: tuple[NATS, Settings, LoopClient, 
     assert ledger_runs(ledger, "ledger_idem") == runs
 
 
-@pytest.mark.parametrize(("policy", "runs"), [("reuse", 0), ("rerun", 1), ("ask", 1)])
+@pytest.mark.parametrize(
+    ("policy", "runs"), [("reuse", 0), ("rerun", 1), ("ask", 1), ("ask", 0)], ids=["reuse", "rerun", "ask", "ask-deny"]
+)
 async def test_reexecution_policy(
     policy: str, runs: int, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
 ) -> None:
@@ -134,10 +136,11 @@ async def test_reexecution_policy(
         gate = h.open_gates[0].gate
         assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
         assert ledger_runs(ledger, "ledger") == 1
-        await api.answer(fork, gate.id, "approve")
+        # approve runs it again; deny takes the source's result
+        await api.answer(fork, gate.id, "approve" if runs else "deny")
     h = await wait_history(nc, settings, fork, finished, timeout=60)
     assert ledger_runs(ledger, "ledger") == 1 + runs
-    results = [text_of(m) for m in h.messages if m.role == "tool"]
+    results = [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)]
     assert results == ["recorded x"], results
 
 
