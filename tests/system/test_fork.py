@@ -7,6 +7,9 @@ which appends each execution it starts to a file). Checked from the stored recor
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,13 @@ from shared import events as ev
 from shared.bus import connect, get_msg
 from shared.client import CommitClient, LoopClient
 from shared.content import AIMessage, ToolResultMessage, UserMessage, text_of
-from shared.forking import ForkChanges, ForkSpec, build_fork, content_of, valid_points
+from shared.events import ForkChanges
+from shared.forking import ForkSpec, build_fork, content_of, valid_points
 from shared.history import LoopHistory
 from shared.natsserver import NatsServer
 from shared.protocol import ConflictError, InvalidRequestError, NotFoundError
 from shared.settings import Settings
+from shared.wiretypes import Reexecution
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
 from tests.system.faultkit import fleet, write_model
@@ -121,7 +126,7 @@ async def test_fork_at_every_valid_point(env: tuple[NATS, Settings, LoopClient, 
     ("policy", "runs"), [("reuse", 0), ("rerun", 1), ("ask", 1), ("ask", 0)], ids=["reuse", "rerun", "ask", "ask-deny"]
 )
 async def test_reexecution_policy(
-    policy: str, runs: int, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+    policy: Reexecution, runs: int, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
 ) -> None:
     nc, settings, api, ledger = env
     model = write_model(tmp_path, {"responses": [_call("ledger", "x"), "done"], "repeat_last": True}, "m.json")
@@ -227,3 +232,54 @@ async def test_partial_fork_is_invisible_until_repeated(
     h = await wait_history(nc, settings, fork_id, lambda h: finished(h) and h.turns == 3, timeout=60)
     assert res.seq == h.formed_seq and h.forked is not None
     check_history_invariants(await history(nc, settings, fork_id))
+
+
+def cli(settings: Settings, *argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", *argv, "--nats-url", settings.nats_urls[0], "--prefix", settings.prefix],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def acli(settings: Settings, *argv: str) -> str:
+    return await acli(settings, *argv))
+
+
+async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path) -> None:
+    nc, settings, api, _ = env
+    model = write_model(tmp_path, five_steps("ledger_idem"), "m.json")
+    source = (await api.start(model=model)).loop_id
+    await api.input(source, "one")
+    await wait_history(nc, settings, source, finished, timeout=60)
+    inp = next(s for s, e in await history(nc, settings, source) if isinstance(e, ev.InputSubmitted))
+    child = (
+        await acli(settings, "fork", source, "--at", str(inp), "--input", "edited"))
+    ).strip()
+    await wait_history(nc, settings, child, finished, timeout=60)
+    grandchild = (await acli(settings, "fork", child)).strip()
+    await wait_history(nc, settings, grandchild, lambda h: not h.forming, timeout=30)
+
+    tree = await acli(settings, "lineage", grandchild)
+    lines = tree.splitlines()
+    assert lines[0].startswith(source) and child in lines[1] and f"forked at seq {inp}" in lines[1], tree
+    assert grandchild in lines[2] and lines[2].startswith("    └─ ") and lines[2].endswith("◀"), tree
+
+    diff = json.loads(await acli(settings, "diff", source, child, "--json")))
+    assert diff["common"] == 1  # LoopStarted; then the inputs differ
+    assert diff["only_a"][0]["type"] == "InputSubmitted" and diff["only_b"][0]["type"] == "InputSubmitted"
+    text = await acli(settings, "diff", source, child)
+    assert "common prefix: 1 records" in text and "EDITED ANSWER" in text and "turn one done" in text, text
+    same = await acli(settings, "diff", child, grandchild)
+    assert "the branches are equal" in same, same
+
+    rows = [
+        json.loads(line)
+        for line in (await acli(settings, "loops", "--json")).splitlines()
+    ]
+    parent = {r["loop_id"]: r["parent"] for r in rows}
+    assert parent == {source: None, child: source, grandchild: child}
