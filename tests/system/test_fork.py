@@ -247,7 +247,7 @@ def cli(settings: Settings, *argv: str) -> str:
 
 
 async def acli(settings: Settings, *argv: str) -> str:
-    return await acli(settings, *argv))
+    return await anyio.to_thread.run_sync(lambda: cli(settings, *argv))
 
 
 async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path) -> None:
@@ -257,9 +257,7 @@ async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path
     await api.input(source, "one")
     await wait_history(nc, settings, source, finished, timeout=60)
     inp = next(s for s, e in await history(nc, settings, source) if isinstance(e, ev.InputSubmitted))
-    child = (
-        await acli(settings, "fork", source, "--at", str(inp), "--input", "edited"))
-    ).strip()
+    child = (await acli(settings, "fork", source, "--at", str(inp), "--input", "edited")).strip()
     await wait_history(nc, settings, child, finished, timeout=60)
     grandchild = (await acli(settings, "fork", child)).strip()
     await wait_history(nc, settings, grandchild, lambda h: not h.forming, timeout=30)
@@ -269,7 +267,7 @@ async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path
     assert lines[0].startswith(source) and child in lines[1] and f"forked at seq {inp}" in lines[1], tree
     assert grandchild in lines[2] and lines[2].startswith("    └─ ") and lines[2].endswith("◀"), tree
 
-    diff = json.loads(await acli(settings, "diff", source, child, "--json")))
+    diff = json.loads(await acli(settings, "diff", source, child, "--json"))
     assert diff["common"] == 1  # LoopStarted; then the inputs differ
     assert diff["only_a"][0]["type"] == "InputSubmitted" and diff["only_b"][0]["type"] == "InputSubmitted"
     text = await acli(settings, "diff", source, child)
@@ -277,9 +275,6 @@ async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path
     same = await acli(settings, "diff", child, grandchild)
     assert "the branches are equal" in same, same
 
-    rows = [
-        json.loads(line)
-        for line in (await acli(settings, "loops", "--json")).splitlines()
-    ]
+    rows = [json.loads(line) for line in (await acli(settings, "loops", "--json")).splitlines()]
     parent = {r["loop_id"]: r["parent"] for r in rows}
     assert parent == {source: None, child: source, grandchild: child}
