@@ -511,7 +511,8 @@ def asyncapi_document() -> dict[str, Any]:
         "signalWork": {
             "action": "send",
             "channel": _chan("work"),
-            "summary": "The committer signals work after LoopStarted, InputSubmitted, GateResolved, an interrupt or a fork.",
+            "summary": "The committer signals work after LoopStarted, InputSubmitted, GateResolved, an interrupt "
+            "or a fork.",
             "messages": [_chan_msg("work", "WorkSignal")],
         },
         "pullWork": {
