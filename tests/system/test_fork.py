@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -25,7 +26,8 @@ from shared.content import AIMessage, ToolResultMessage, UserMessage, text_of
 from shared.events import ForkChanges
 from shared.forking import ForkSpec, build_fork, content_of, valid_points
 from shared.history import LoopHistory
-from shared.natsserver import NatsServer
+from shared.natsserver import NatsServer, free_port
+from shared.procs import ServiceProcess
 from shared.protocol import ConflictError, InvalidRequestError, NotFoundError
 from shared.settings import Settings
 from shared.wiretypes import Reexecution
@@ -278,3 +280,49 @@ async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path
     rows = [json.loads(line) for line in (await acli(settings, "loops", "--json")).splitlines()]
     parent = {r["loop_id"]: r["parent"] for r in rows}
     assert parent == {source: None, child: source, grandchild: child}
+
+
+async def test_console_forks_from_a_point_and_shows_lineage(
+    env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    nc, settings, api, _ = env
+    model = write_model(tmp_path, five_steps("ledger_idem"), "m.json")
+    source = (await api.start(model=model)).loop_id
+    await api.input(source, "one")
+    await wait_history(nc, settings, source, finished, timeout=60)
+    records = await history(nc, settings, source)
+    inp = next(s for s, e in records if isinstance(e, ev.InputSubmitted))
+    port = free_port()
+    env_ = {"LW_NATS_URL": settings.nats_urls[0], "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": ""}
+    proc = ServiceProcess(
+        "console", ["-m", "services.cli", "console", "--port", str(port)], env_, log_path=str(tmp_path / "console.log")
+    )
+    await anyio.to_thread.run_sync(lambda: proc.start(timeout=30))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=15, headers={"origin": base}) as client:
+            with anyio.fail_after(20):
+                while (await client.get(f"/api/loops/{source}")).status_code != 200:
+                    await anyio.sleep(0.1)
+            doc = (await client.get(f"/api/loops/{source}/lineage")).json()
+            assert doc["points"] == valid_points(records) and doc["parent"] is None
+            cid = "00000000-0000-4000-8000-0000000000c7"
+            bad = (await client.post(f"/api/loops/{source}/fork", json={"command_id": cid, "at": "1"})).json()
+            assert not bad["ok"] and "nearest valid" in bad["error"]["message"]
+            body = {"command_id": cid, "at": str(inp), "input": "edited"}
+            made = (await client.post(f"/api/loops/{source}/fork", json=body)).json()
+            again = (await client.post(f"/api/loops/{source}/fork", json=body)).json()
+            assert made["ok"] and again["loop_id"] == made["loop_id"], (made, again)
+            child = made["loop_id"]
+            h = await wait_history(nc, settings, child, finished, timeout=60)
+            assert text_of(h.messages[-1]) == "EDITED ANSWER"
+            with anyio.fail_after(20):
+                while not (doc := (await client.get(f"/api/loops/{source}/lineage")).json())["children"]:
+                    await anyio.sleep(0.1)
+            assert [(c["loop_id"], c["at"]) for c in doc["children"]] == [(child, inp)]
+            up = (await client.get(f"/api/loops/{child}/lineage")).json()
+            assert up["parent"] == source and up["forked_at"] == inp
+            page = await client.get(f"/loops/{child}")
+            assert page.status_code == 200 and 'id="lineage"' in page.text
+    finally:
+        await anyio.to_thread.run_sync(lambda: proc.stop(timeout=10))
