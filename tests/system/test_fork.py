@@ -6,6 +6,7 @@ which appends each execution it starts to a file). Checked from the stored recor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,17 +23,18 @@ from nats.aio.client import Client as NATS
 from shared import events as ev
 from shared.bus import connect, get_msg
 from shared.client import CommitClient, LoopClient
-from shared.content import AIMessage, ToolResultMessage, UserMessage, text_of
+from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, text_of
 from shared.events import ForkChanges
 from shared.forking import ForkSpec, build_fork, content_of, valid_points
-from shared.history import LoopHistory
+from shared.history import LoopHistory, fold
 from shared.natsserver import NatsServer, free_port
 from shared.procs import ServiceProcess
-from shared.protocol import ConflictError, InvalidRequestError, NotFoundError
+from shared.protocol import ConflictError, InvalidRequestError, NotFoundError, UnavailableError
 from shared.settings import Settings
 from shared.wiretypes import Reexecution
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
+from tests.system import reports
 from tests.system.faultkit import fleet, write_model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
@@ -326,3 +328,69 @@ async def test_console_forks_from_a_point_and_shows_lineage(
             assert page.status_code == 200 and 'id="lineage"' in page.text
     finally:
         await anyio.to_thread.run_sync(lambda: proc.stop(timeout=10))
+
+
+async def test_a_committer_killed_mid_fork_leaves_no_loop_or_a_whole_one(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A fork of 3,000 records takes several batches; SIGKILL the committer as soon as the first lands."""
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    with fleet(settings, counts={"committer": 1}, log_dir=tmp_path / "logs") as f:
+        nc = await connect(settings)
+        try:
+            api = LoopClient(nc, settings.names, timeout=5)
+            source = (await api.start(model="demo")).loop_id
+            commits = CommitClient(nc, settings.names)
+            last = (await history(nc, settings, source))[-1][0]
+            text = "x" * 4000
+            for _ in range(30):  # inputs written directly (no work signal: nothing drives the source)
+                batch = [
+                    ev.make(
+                        ev.InputSubmitted,
+                        loop_id=source,
+                        message=UserMessage(blocks=[TextBlock(text=text)]),
+                        cause=ev.Cause(command_id=ev.new_id()),
+                    )
+                    for _ in range(100)
+                ]
+                last = (await commits.commit(source, last, batch)).last_seq
+            records = await history(nc, settings, source)
+            before = await stored_bytes(nc, settings, source)
+            fork_id, cid = ev.new_id(), ev.new_id()
+            seen: list[int] = []
+
+            async def watch_and_kill() -> None:
+                with anyio.fail_after(20):
+                    while (
+                        await get_msg(nc, settings.names.history_stream, last_by_subj=settings.names.hist(fork_id))
+                        is None
+                    ):
+                        await anyio.sleep(0.001)
+                f.live("committer")[0].kill()
+                seen.append(len(await history(nc, settings, fork_id)))
+
+            async def fork() -> None:
+                with contextlib.suppress(UnavailableError):
+                    await api.fork(source, loop_id=fork_id, command_id=cid)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_and_kill)
+                tg.start_soon(fork)
+            stored = await history(nc, settings, fork_id)
+            h = fold(stored)
+            whole = len(records) + 1  # LoopForked + LoopStarted + the 3,000 inputs
+            assert len(stored) in range(1, whole + 1) and (h.forming == (len(stored) < whole)), len(stored)
+            await f.spawn("committer")
+            if h.forming:
+                with pytest.raises(NotFoundError, match="still being forked"):
+                    await api.input(fork_id, "hello")
+            res = await api.fork(source, loop_id=fork_id, command_id=cid)
+            got = await history(nc, settings, fork_id)
+            h = fold(got)
+            assert len(got) == whole and not h.forming and res.seq == got[-1][0] and len(h.pending_inputs) == 3000
+            check_history_invariants(got)
+            assert [content_of(e) for _, e in got[1:]] == [content_of(e) for _, e in records]
+            assert await stored_bytes(nc, settings, source) == before
+            reports.add_figure("fork killed mid-way", {"records stored at the kill": seen[0], "whole": whole})
+        finally:
+            await nc.close()
