@@ -394,3 +394,28 @@ async def test_a_committer_killed_mid_fork_leaves_no_loop_or_a_whole_one(
             reports.add_figure("fork killed mid-way", {"records stored at the kill": seen[0], "whole": whole})
         finally:
             await nc.close()
+
+
+async def test_fork_at_a_point_with_an_open_gate(env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path) -> None:
+    """An input sent while a gate waits is a fork point: the fork has its own copy of the gate to answer."""
+    nc, settings, api, ledger = env
+    model = write_model(tmp_path, {"responses": [_call("ledger", "x"), "done"], "repeat_last": True}, "m.json")
+    source = (await api.start(model=model, policy={"ledger": "ask"})).loop_id
+    await api.input(source, "one")
+    h = await wait_history(nc, settings, source, lambda h: bool(h.open_gates), timeout=60)
+    source_gate = h.open_gates[0].gate.id
+    at = (await api.input(source, "two")).seq
+    fork = (await api.fork(source, at=at)).loop_id
+    fh = await wait_history(nc, settings, fork, lambda h: not h.forming and bool(h.open_gates), timeout=30)
+    gate = fh.open_gates[0]
+    assert gate.gate.id != source_gate and gate.gate.tool_name == "ledger" and len(fh.pending_inputs) == 1
+    with pytest.raises(NotFoundError):
+        await api.answer(fork, source_gate, "approve")  # the source's gate id means nothing in the fork
+    await api.answer(fork, gate.gate.id, "approve")
+    # (the input waiting at the point folds into the running turn after its tool step, as in any loop)
+    fh = await wait_history(nc, settings, fork, finished, timeout=60)
+    assert ledger_runs(ledger, "ledger") == 1 and fh.turns == 1
+    assert [text_of(m) for m in fh.messages if isinstance(m, UserMessage)] == ["one", "two"]
+    check_history_invariants(await history(nc, settings, fork))
+    sh = await wait_history(nc, settings, source, lambda h: bool(h.open_gates), timeout=5)
+    assert sh.open_gates[0].gate.id == source_gate and sh.turns == 1  # the source still waits
