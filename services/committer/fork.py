@@ -84,7 +84,8 @@ async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str
         if src.forming:
             raise WireError(ErrorKind.NOT_FOUND, "the source loop is still being forked", field="source_loop_id")
         try:
-            at = check_point(records, req.at)
+            # A repeat finishing a forming fork keeps its point (the source may have moved on since).
+            at = check_point(records, h.forked.source_seq if h.forked is not None else req.at)
             spec = ForkSpec(
                 new_loop=loop_id,
                 source_loop=req.source_loop_id,

@@ -121,6 +121,12 @@ async def test_fork_at_every_valid_point(env: tuple[NATS, Settings, LoopClient, 
         assert h.turns == turns, at
         assert text_of(h.messages[-1]) == ("turn one done", "turn two done")[turns - 1], at
         assert sum(isinstance(m, AIMessage) for m in h.messages) == (3, 5)[turns - 1], at
+        # A continued turn derives its step ids from its own turn id, like any turn.
+        index: dict[str, int] = {}
+        for _, e in got:
+            if isinstance(e, ev.StepDone):
+                assert e.step_id == ev.step_id_for(e.turn_id, index.get(e.turn_id, 0)), at
+                index[e.turn_id] = index.get(e.turn_id, 0) + 1
     assert await stored_bytes(nc, settings, source) == before
     # ledger_idem is idempotent: each repeated call took the source's result (reuse): nothing ran.
     assert ledger_runs(ledger, "ledger_idem") == runs
