@@ -566,13 +566,7 @@ class LoopDriver:
                     return
                 if way == forkcalls.REUSE:
                     assert p.decision is not None
-                    s = ev.SuspendedStep(
-                        message=s.message,
-                        calls=s.calls,
-                        decisions=[*s.decisions, p.decision],
-                        iteration=s.iteration,
-                        calls_so_far=s.calls_so_far,
-                    )
+                    s = _with_decision(s, p.decision)
                     continue
             if getattr(spec, "kind", "function") == "user_input":
                 await self._open_gate(h, t, step_id, s, p, spec, kind="user_input")
@@ -595,13 +589,7 @@ class LoopDriver:
                 assert effect == ASK
                 await self._open_gate(h, t, step_id, s, p, spec, kind="permission")
                 return
-            s = ev.SuspendedStep(
-                message=s.message,
-                calls=s.calls,
-                decisions=[*s.decisions, p.decision],
-                iteration=s.iteration,
-                calls_so_far=s.calls_so_far,
-            )
+            s = _with_decision(s, p.decision)
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
@@ -781,6 +769,17 @@ class LoopDriver:
             return [*decisions, self._step_done(cur, t, step_id, [stored, *results]), *folds]
 
         await self._commit(h, build)
+
+
+def _with_decision(s: ev.SuspendedStep, decision: ev.Decision) -> ev.SuspendedStep:
+    """The step with one more call decided (what a gate opened later stores, to resume from)."""
+    return ev.SuspendedStep(
+        message=s.message,
+        calls=s.calls,
+        decisions=[*s.decisions, decision],
+        iteration=s.iteration,
+        calls_so_far=s.calls_so_far,
+    )
 
 
 def _has_policy(config: ev.LoopStarted | None) -> bool:
