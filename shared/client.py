@@ -31,6 +31,7 @@ from shared.protocol import (
     CommitReply,
     CommitRequest,
     ErrorBody,
+    ForkRequest,
     InputRequest,
     InterruptRequest,
     InvalidRequestError,
@@ -42,7 +43,7 @@ from shared.protocol import (
 )
 from shared.subjects import Names
 from shared.validate import is_uuid
-from shared.wiretypes import AnswerAction, OnUnknown, PolicyEffect
+from shared.wiretypes import AnswerAction, OnUnknown, PolicyEffect, Reexecution
 
 __all__ = ["ApiResult", "CommitClient", "CommitResult", "LoopClient"]
 
@@ -228,6 +229,35 @@ class LoopClient:
         cid = command_id or _new_id()
         req = AnswerRequest(command_id=cid, gate_id=gate_id, action=action, text=text, reason=reason, resolver=resolver)
         return await self._call(loop_id, "answer", req, cid)
+
+    async def fork(
+        self,
+        source_loop_id: str,
+        *,
+        at: int | None = None,
+        input: str | None = None,
+        model: str | None = None,
+        system: str | None = None,
+        policy: dict[str, PolicyEffect] | None = None,
+        reexecution: dict[str, Reexecution] | None = None,
+        loop_id: str | None = None,
+        command_id: str | None = None,
+    ) -> ApiResult:
+        """Fork ``source_loop_id`` after record ``at`` (default: its last fork point) into a new loop."""
+        _check_loop_id(source_loop_id)
+        loop_id = loop_id or _new_id()
+        cid = command_id or _new_id()
+        req = ForkRequest(
+            command_id=cid,
+            source_loop_id=source_loop_id,
+            at=at,
+            input=input,
+            model=model,
+            system=system,
+            policy=policy,
+            reexecution=reexecution,
+        )
+        return await self._call(loop_id, "fork", req, cid)
 
     async def close(self, loop_id: str, *, command_id: str | None = None) -> ApiResult:
         cid = command_id or _new_id()

@@ -44,6 +44,9 @@ from shared.wiretypes import (
     POLICY_EFFECTS as POLICY_EFFECTS,
 )
 from shared.wiretypes import (
+    REEXECUTIONS as REEXECUTIONS,
+)
+from shared.wiretypes import (
     RETRYABLE_OUTCOMES as RETRYABLE_OUTCOMES,
 )
 from shared.wiretypes import (
@@ -61,8 +64,10 @@ from shared.wiretypes import (
     OnUnknown,
     PolicyKey,
     PreviewText,
+    Reexecution,
     RetryOutcome,
     Rfc3339OrEmpty,
+    Seq,
     SummaryText,
     ToolName,
     TraceparentOrEmpty,
@@ -247,6 +252,30 @@ class LoopStarted(Event):
     retries: dict[ToolName, RetryPolicy] = msgspec.field(default_factory=dict)
 
 
+class ForkChanges(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """What a fork changed against its source (absent = unchanged)."""
+
+    input: str | None = None  # the replaced (or added) user input's text
+    model: str | None = None
+    system: str | None = None
+    policy: dict[PolicyKey, PolicyEffect] | None = None
+
+
+class LoopForked(Event):
+    """The first record of a forked loop: where it comes from and what the fork changed.
+
+    ``records`` copied or new records follow it (LoopStarted first); until all of them are stored the
+    loop is *forming*: nothing drives it and the loop API refuses it (a repeated fork command finishes it).
+    """
+
+    source_loop_id: Uuid = ""
+    source_seq: Seq = 0
+    records: Annotated[int, msgspec.Meta(ge=1)] = 1
+    changes: ForkChanges = msgspec.field(default_factory=ForkChanges)
+    # Per tool name ("*" = every tool): what a call equal to one of the source's after the fork point does.
+    reexecution: dict[PolicyKey, Reexecution] = msgspec.field(default_factory=dict)
+
+
 class InputSubmitted(Event):
     message: UserMessage = msgspec.field(default_factory=UserMessage)
 
@@ -354,6 +383,7 @@ class ToolCallProgress(Event):
 
 AnyEvent = (
     LoopStarted
+    | LoopForked
     | InputSubmitted
     | LoopIdle
     | LoopClosed
@@ -379,6 +409,7 @@ _E, _P = Class.ENDURING, Class.EPHEMERAL
 # The one place where every event type is classified: (class, scope, identity profile, ends_turn).
 CLASSIFICATION: Final[dict[type[Event], tuple[Class, Scope, Profile, bool]]] = {
     LoopStarted: (_E, Scope.LOOP, Profile.LOOP, False),
+    LoopForked: (_E, Scope.LOOP, Profile.LOOP, False),
     InputSubmitted: (_E, Scope.LOOP, Profile.LOOP, False),
     LoopIdle: (_E, Scope.LOOP, Profile.LOOP, False),
     LoopClosed: (_E, Scope.LOOP, Profile.LOOP, False),
@@ -430,6 +461,19 @@ def type_name(event: Event | type[Event]) -> str:
 
 
 # --- factories ----------------------------------------------------------------------------------
+
+
+# Step and execution ids are derived, not random: a step re-run after a crash has the same id, so
+# tool idempotency keys (<loop>:<step>:<tool_use_id>) stay stable and "one StepDone per step" is checkable.
+_STEP_NS: Final = uuid.UUID("4f1d3c2a-7b7e-4e55-9a51-0c2f6f1b9d10")
+
+
+def step_id_for(turn_id: str, step_index: int) -> str:
+    return str(uuid.uuid5(_STEP_NS, f"{turn_id}:{step_index}"))
+
+
+def execution_id_for(step_id: str, tool_use_id: str) -> str:
+    return str(uuid.uuid5(uuid.UUID(step_id), tool_use_id))
 
 
 def new_id() -> str:

@@ -39,6 +39,7 @@ from shared.events import (
     GateResolved,
     InputSubmitted,
     LoopClosed,
+    LoopForked,
     LoopIdle,
     LoopStarted,
     StepDone,
@@ -111,8 +112,17 @@ class LoopHistory(msgspec.Struct, kw_only=True):
     closed_seq: int = 0
     idle: bool = False
     events: int = 0
+    # A forked loop: its LoopForked record, and how many of the records it announced are not stored yet.
+    forked: LoopForked | None = None
+    forming_left: int = 0
+    formed_seq: int = 0  # the sequence of a fork's last copied record
 
     # --- views
+
+    @property
+    def forming(self) -> bool:
+        """A fork whose copied records are not all stored yet: not a loop to drive or command."""
+        return self.forming_left > 0
 
     @property
     def started(self) -> bool:
@@ -163,6 +173,10 @@ class LoopHistory(msgspec.Struct, kw_only=True):
         if seq:
             self.last_seq = seq
         self.events += 1
+        if self.forming_left and not isinstance(event, LoopForked):
+            self.forming_left -= 1
+            if not self.forming_left:
+                self.formed_seq = seq
         cmd = event.cause.command_id if event.cause is not None else ""
         if cmd and isinstance(event, COMMAND_EVENTS):
             self.commands[cmd] = seq
@@ -224,6 +238,9 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 self.closed_seq = seq
         elif isinstance(event, LoopStarted) and self.config is None:
             self.config = cp(event)
+        elif isinstance(event, LoopForked) and self.forked is None and self.events == 1:
+            self.forked = cp(event)
+            self.forming_left = event.records
 
     def _consume(self, command_id: str) -> None:
         if not command_id:

@@ -26,7 +26,17 @@ from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
 from shared.events import Limits, RetryPolicy
 from shared.shaping import bounded_diagnostic
-from shared.wiretypes import AnswerAction, Count, OnUnknown, PolicyEffect, PolicyKey, Seq, ToolName, Uuid
+from shared.wiretypes import (
+    AnswerAction,
+    Count,
+    OnUnknown,
+    PolicyEffect,
+    PolicyKey,
+    Reexecution,
+    Seq,
+    ToolName,
+    Uuid,
+)
 
 __all__ = [
     "AnswerRequest",
@@ -209,12 +219,26 @@ class CloseRequest(_Wire):
     command_id: Uuid
 
 
+class ForkRequest(_Wire):
+    """Sent on the NEW loop's subject (``lw.api.<new_loop>.fork``), like ``start``."""
+
+    command_id: Uuid
+    source_loop_id: Uuid
+    at: Seq | None = None  # a valid fork point of the source (default: its last one)
+    input: str | None = None  # replaces the input the fork point ends with (else: a new input)
+    model: str | None = None
+    system: str | None = None
+    policy: dict[PolicyKey, PolicyEffect] | None = None
+    reexecution: dict[PolicyKey, Reexecution] | None = None
+
+
 REQUEST_TYPES: Final[dict[str, type[_Wire]]] = {
     "start": StartRequest,
     "input": InputRequest,
     "answer": AnswerRequest,
     "interrupt": InterruptRequest,
     "close": CloseRequest,
+    "fork": ForkRequest,
 }
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Final
 
 # Loop API verbs (binding).
-VERBS: Final = ("start", "input", "interrupt", "answer", "close")
+VERBS: Final = ("start", "input", "interrupt", "answer", "close", "fork")
 
 # Queue groups.
 COMMITTER_QUEUE: Final = "committer"

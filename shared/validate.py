@@ -393,6 +393,14 @@ def _bounded(name: str, field: str, text: object, max_bytes: int, max_lines: int
         raise _fail(name, field, Rule.INVALID)
 
 
+def _loop_forked(name: str, e: Event) -> None:
+    assert isinstance(e, ev.LoopForked)
+    if not is_uuid(e.source_loop_id):
+        raise _fail(name, "source_loop_id", Rule.INVALID)
+    if e.source_loop_id == e.loop_id:
+        raise _fail(name, "source_loop_id", Rule.INVALID)
+
+
 def _tool_call_started(name: str, e: Event) -> None:
     assert isinstance(e, ev.ToolCallStarted)
     _bounded(name, "summary", e.summary, SUMMARY_MAX_BYTES, None)
@@ -410,6 +418,7 @@ def _token_delta(name: str, e: Event) -> None:
 
 _BODY_RULES: Final = {
     ev.LoopStarted: _loop_started,
+    ev.LoopForked: _loop_forked,
     ev.InputSubmitted: _input_submitted,
     ev.TurnStarted: _turn_started,
     ev.TurnFoldedInto: _turn_started,

@@ -157,7 +157,8 @@ _ChunkKind = Literal["text", "refusal", "thinking", "signature", "tool_use"]
 _ToolErrorKind = Literal["timeout", "canceled", "internal", "not_started", "refused", "unavailable", "crashed"]
 _OnUnknown = Literal["error", "ask"]
 _RetryOutcome = Literal["crashed", "unavailable", "timeout"]
-_GateReason = Literal["", "outcome_unknown"]
+_GateReason = Literal["", "outcome_unknown", "fork_rerun"]
+_Reexecution = Literal["reuse", "rerun", "ask"]
 
 
 PolicyEffect = Annotated[_PolicyEffect, Meta(title="PolicyEffect", description="LoopStarted policy values.")]
@@ -177,6 +178,9 @@ ToolErrorKind = Annotated[_ToolErrorKind, Meta(title="ToolErrorKind", descriptio
 OnUnknown = Annotated[_OnUnknown, Meta(title="OnUnknown", description="LoopStarted.on_unknown")]
 RetryOutcome = Annotated[_RetryOutcome, Meta(title="RetryOutcome", description="RetryPolicy.retry_on entries")]
 GateReason = Annotated[_GateReason, Meta(title="GateReason", description="Gate.reason (empty: an ordinary gate)")]
+Reexecution = Annotated[
+    _Reexecution, Meta(title="Reexecution", description="LoopForked.reexecution values: a repeated call of the source")
+]
 
 POLICY_EFFECTS: Final[tuple[str, ...]] = get_args(_PolicyEffect)
 TURN_FAILED_KINDS: Final[tuple[str, ...]] = get_args(_TurnFailedKind)
@@ -192,3 +196,4 @@ ON_UNKNOWN_OUTCOMES: Final[tuple[str, ...]] = get_args(_OnUnknown)
 # Call outcomes a retry policy may send again (the tool gave no answer); a tool's own error never is.
 RETRYABLE_OUTCOMES: Final[tuple[str, ...]] = get_args(_RetryOutcome)
 GATE_REASONS: Final[tuple[str, ...]] = get_args(_GateReason)
+REEXECUTIONS: Final[tuple[str, ...]] = get_args(_Reexecution)

@@ -245,6 +245,40 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(p)
     p.set_defaults(handler=_client("cmd_close"))
 
+    p = command(
+        "fork",
+        "branch a loop from a committed point; prints the new loop's id",
+        "Create a new loop from LOOP's records up to --at (after an input, a step or a turn's end; default the "
+        "last such point); the source is never written to. A call of the new branch equal to one the source "
+        "made after the point is reused, run again or asked about (--reexecute; default: read-only tools run "
+        "again, idempotent ones reuse the recorded result, others ask).",
+    )
+    p.add_argument("loop", metavar="LOOP", help="the source loop id")
+    p.add_argument("--at", type=int, metavar="SEQ", help="fork point: a stream sequence of LOOP (see loopwire history)")
+    p.add_argument("--input", metavar="TEXT", help="replace the input the fork point ends with (else add it)")
+    p.add_argument("--model", help="model of the new branch")
+    p.add_argument("--system", help="system prompt of the new branch")
+    p.add_argument(
+        "--policy", action="append", metavar="TOOL=EFFECT", help="allow | deny | ask for a tool (repeatable)"
+    )
+    p.add_argument(
+        "--reexecute", action="append", metavar="TOOL=WAY", help="reuse | rerun | ask for a repeated call (repeatable)"
+    )
+    p.add_argument("--loop-id", metavar="UUID", help="use this id for the new loop")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_fork"))
+
+    p = command("lineage", "show a loop's fork tree (its root, every fork and the fork points)")
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_lineage"))
+
+    p = command("diff", "compare two branches: common prefix, first divergence, the rest side by side")
+    p.add_argument("a", metavar="A", help="loop id")
+    p.add_argument("b", metavar="B", help="loop id")
+    _json_option(p)
+    p.set_defaults(handler=_client("cmd_diff"))
+
     p = command("tools", "list live tools: replicas, kind, version, arguments")
     _json_option(p)
     p.set_defaults(handler=_client("cmd_tools"))
@@ -289,9 +323,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def _run_client(name: str, args: argparse.Namespace) -> int:
     import anyio
 
-    from services.cli import commands
+    from services.cli import commands, forks
 
-    fn: AsyncCommand = getattr(commands, name)
+    fn: AsyncCommand = getattr(forks if hasattr(forks, name) else commands, name)
     settings = settings_from(args)
     try:
         return anyio.run(fn, args, settings)

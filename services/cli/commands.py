@@ -193,6 +193,8 @@ def gates_of(h: LoopHistory, texts: dict[str, tuple[str, list[str]]]) -> list[Ga
 
 
 def loop_state(h: LoopHistory) -> str:
+    if h.forming:
+        return "forming (repeat the fork to finish)"
     if h.closed:
         return "closed"
     if h.open_gates:
@@ -506,6 +508,8 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
                         "last_seq": h.last_seq,
                         "started_at": h.config.created_at if h.config else "",
                         "open_gates": [g.gate.id for g in h.open_gates],
+                        "parent": h.forked.source_loop_id if h.forked else None,
+                        "forked_at": h.forked.source_seq if h.forked else None,
                     }
                 )
             )
@@ -514,13 +518,20 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
         out("no loops yet (loopwire start)")
         return 0
     table = Table()
-    for col in ("loop", "model", "turns", "state", "last seq", "started"):
+    for col in ("loop", "model", "turns", "state", "last seq", "started", "parent"):
         table.add_column(col, no_wrap=col != "model")
     for h in rows:
         started = h.config.created_at[:19].replace("T", " ") if h.config else ""
+        parent = f"{h.forked.source_loop_id[:8]}@{h.forked.source_seq}" if h.forked else ""
         table.add_row(
             *_cells(
-                h.loop_id, h.config.model if h.config else "", str(h.turns), loop_state(h), str(h.last_seq), started
+                h.loop_id,
+                h.config.model if h.config else "",
+                str(h.turns),
+                loop_state(h),
+                str(h.last_seq),
+                started,
+                parent,
             )
         )
     make_console().print(table)

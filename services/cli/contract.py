@@ -40,6 +40,7 @@ API_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
     protocol.AnswerRequest,
     protocol.InterruptRequest,
     protocol.CloseRequest,
+    protocol.ForkRequest,
     protocol.ApiReply,
 )
 TOOL_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
@@ -80,6 +81,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "AnswerRequest": "Request on {prefix}.api.{loop_id}.answer: answer an open gate.",
     "InterruptRequest": "Request on {prefix}.api.{loop_id}.interrupt: end the running turn.",
     "CloseRequest": "Request on {prefix}.api.{loop_id}.close: close the loop.",
+    "ForkRequest": "Request on {prefix}.api.{loop_id}.fork, where loop_id is the NEW loop's id: a loop made of "
+    "source_loop_id's records up to the fork point at (a valid point; default the last), with the overrides.",
     "ApiReply": "Reply to every loop-API request.",
     "ErrorBody": "The error of a failed reply; kind is one of ErrorKind.",
     "ToolSpec": "What a tool declares about itself (registered in KV {prefix}_tools, shown to the model).",
@@ -508,7 +511,8 @@ def asyncapi_document() -> dict[str, Any]:
         "signalWork": {
             "action": "send",
             "channel": _chan("work"),
-            "summary": "The committer signals work after LoopStarted, InputSubmitted, GateResolved or an interrupt.",
+            "summary": "The committer signals work after LoopStarted, InputSubmitted, GateResolved, an interrupt "
+            "or a fork.",
             "messages": [_chan_msg("work", "WorkSignal")],
         },
         "pullWork": {

@@ -15,6 +15,7 @@ from shared.events import (
     GateOpened,
     GateResolved,
     InputSubmitted,
+    LoopForked,
     LoopStarted,
     PermissionDecided,
     PermissionRequested,
@@ -85,6 +86,8 @@ def describe(event: Event, *, limit: int = ONE_LINE, multiline: bool = False) ->
         if event.system:
             parts.append(f"system: {clip(event.system, 40)}")
         return "; ".join(parts)
+    if isinstance(event, LoopForked):
+        return f"forked from {event.source_loop_id} at seq {event.source_seq} ({event.records} records follow)"
     if isinstance(event, InputSubmitted):
         return f"user: {clip(text_of(event.message), limit)}"
     if isinstance(event, TurnStarted | TurnFoldedInto):

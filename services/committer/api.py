@@ -44,6 +44,7 @@ from shared.protocol import (
     AnswerRequest,
     ApiReply,
     CloseRequest,
+    ForkRequest,
     InputRequest,
     InterruptRequest,
     StartRequest,
@@ -57,6 +58,7 @@ from shared.validate import is_uuid, validate_event
 from shared.wiretypes import ANSWER_ACTIONS
 
 from .appender import Appender
+from .fork import fork
 
 log = logging.getLogger("loopwire.committer.api")
 
@@ -163,6 +165,8 @@ class LoopApi:
         command_id = req.command_id  # type: ignore[attr-defined]
         if not is_uuid(command_id):
             raise WireError(ErrorKind.INVALID, "command_id must be a canonical UUID", field="command_id")
+        if isinstance(req, ForkRequest):
+            return await fork(self, loop_id, req, _derived_id(loop_id, verb, command_id, 0))
         decide: Callable[[LoopHistory], Outcome]
         if isinstance(req, StartRequest):
             started = self._loop_started(loop_id, req)
@@ -290,6 +294,8 @@ class LoopApi:
         return h.commands.get(command_id)
 
     def _start(self, h: LoopHistory, started: LoopStarted, command_id: str) -> Outcome:
+        if h.forked is not None:
+            raise WireError(ErrorKind.CONFLICT, "the loop was created by a fork", last_seq=h.last_seq)
         if h.config is not None:
             first = h.config.cause.command_id if h.config.cause is not None else ""
             if first == command_id:
@@ -302,6 +308,8 @@ class LoopApi:
     def _require_loop(self, h: LoopHistory) -> None:
         if h.config is None:
             raise WireError(ErrorKind.NOT_FOUND, "no such loop (never started)")
+        if h.forming:
+            raise WireError(ErrorKind.NOT_FOUND, "the loop is still being forked (repeat the fork to finish it)")
 
     def _input(self, h: LoopHistory, submitted: InputSubmitted, command_id: str) -> Outcome:
         seq = self._repeat(h, command_id)

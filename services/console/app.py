@@ -43,6 +43,8 @@ from shared.bus import JetStreamError, JetStreamUnavailableError, connect, direc
 from shared.client import LoopClient
 from shared.errors import ErrorKind, LoopwireError
 from shared.events import POLICY_EFFECTS, Limits
+from shared.forking import valid_points
+from shared.history import replay
 from shared.protocol import RemoteError
 from shared.settings import Settings
 from shared.validate import is_uuid
@@ -492,6 +494,46 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
             seq = (await console.client.input(res.loop_id, text, command_id=input_cid)).seq
         return JSONResponse({"ok": True, "loop_id": res.loop_id, "seq": seq, "command_id": cid})
 
+    async def fork_loop(request: Request) -> Response:
+        loop_id = loop_id_of(request)
+        body = await body_of(request)
+        cid = command_id_of(body)
+        at_text = body.get("at", "")
+        if at_text and not at_text.isdigit():
+            raise ApiError(ErrorKind.INVALID, "at must be a stream sequence", field="at")
+        text = text_field(body, "input")
+        await summary_of(loop_id)
+        # The new loop's id derives from the command's: a retried request makes one fork.
+        res = await console.client.fork(
+            loop_id,
+            at=int(at_text) if at_text else None,
+            input=text if text.strip() else None,
+            loop_id=str(uuid.uuid5(uuid.UUID(cid), "fork")),
+            command_id=cid,
+        )
+        return JSONResponse({"ok": True, "loop_id": res.loop_id, "source": loop_id, "seq": res.seq, "command_id": cid})
+
+    async def lineage(request: Request) -> Response:
+        loop_id = loop_id_of(request)
+        s = await summary_of(loop_id)
+        assert console.nc is not None
+        records = [r async for r in replay(console.nc, loop_id, names=settings.names)]
+        children = [
+            {"loop_id": c.loop_id, "at": c.forked_at, "title": c.title, "state": c.state}
+            for c in console.loops_index().loops.values()
+            if c.parent == loop_id
+        ]
+        return JSONResponse(
+            {
+                "ok": True,
+                "loop_id": loop_id,
+                "parent": s.parent or None,
+                "forked_at": s.forked_at or None,
+                "children": sorted(children, key=lambda c: (c["at"], c["loop_id"])),
+                "points": valid_points(records),
+            }
+        )
+
     async def send_input(request: Request) -> Response:
         loop_id = loop_id_of(request)
         body = await body_of(request)
@@ -575,6 +617,8 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         r("/api/loops/{loop_id}/answer", answer_gate, ["POST"], mutating=True),
         r("/api/loops/{loop_id}/interrupt", loop_verb("interrupt"), ["POST"], mutating=True),
         r("/api/loops/{loop_id}/close", loop_verb("close"), ["POST"], mutating=True),
+        r("/api/loops/{loop_id}/fork", fork_loop, ["POST"], mutating=True),
+        r("/api/loops/{loop_id}/lineage", lineage),
         Mount("/static", app=StaticFiles(directory=static), name="static"),
     ]
 

@@ -22,6 +22,7 @@ from shared.events import (
     GateResolved,
     InputSubmitted,
     LoopClosed,
+    LoopForked,
     LoopIdle,
     LoopStarted,
     PermissionRequested,
@@ -88,6 +89,8 @@ class LoopSummary:
     last_seq: int = 0
     seqs: list[int] = field(default_factory=list)
     gates: dict[str, GateView] = field(default_factory=dict)
+    parent: str = ""  # a fork's source loop, and the source's sequence it was forked at
+    forked_at: int = 0
     # Gate texts arrive in PermissionRequested / UserInputRequested, in the same commit as GateOpened.
     _texts: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
@@ -99,7 +102,9 @@ class LoopSummary:
         self.seqs.append(seq)
         if event.created_at:
             self.last_activity = event.created_at
-        if isinstance(event, LoopStarted):
+        if isinstance(event, LoopForked):
+            self.parent, self.forked_at = event.source_loop_id, event.source_seq
+        elif isinstance(event, LoopStarted):
             self.model = event.model
             self.started_at = event.created_at
         elif isinstance(event, InputSubmitted):
@@ -207,6 +212,8 @@ class LoopSummary:
             "events": len(self.seqs),
             "last_seq": self.last_seq,
             "last_error": self.last_error,
+            "parent": self.parent,
+            "forked_at": self.forked_at,
             "open_gates": [gate_json(g) for g in self.open_gates],
             "resolved_gates": [gate_json(g) for g in resolved_gates([self], RECENT_GATES)],
         }

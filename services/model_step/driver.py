@@ -25,7 +25,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from services.model_step import tracing
+from services.model_step import forkcalls, tracing
 from services.model_step.lease import Guard
 from services.model_step.models.base import (
     ModelError,
@@ -113,6 +113,8 @@ class LoopDriver:
     # Per loop being driven: the last sequence of this drive's own latest commit. A step at that
     # position is new: nobody else can have started it while this drive held the lease throughout.
     _made: dict[str, int] = field(default_factory=dict)
+    # Per forked loop being driven: the source's recorded results after the fork point.
+    _fork_sources: dict[str, forkcalls.SourceResults] = field(default_factory=dict)
 
     @property
     def _max_record(self) -> int:
@@ -183,6 +185,7 @@ class LoopDriver:
             self._own.pop(loop_id, None)
             self._foreign.pop(loop_id, None)
             self._views.pop(loop_id, None)
+            self._fork_sources.pop(loop_id, None)
         return h
 
     async def _refresh(self, loop_id: str) -> LoopHistory:
@@ -463,6 +466,14 @@ class LoopDriver:
                 reason="user_reply",
                 text=g.resolved.text,
             )
+        elif g.gate.reason == forkcalls.GATE_FORK_RERUN:
+            # A forked call the operator chose not to run again: it takes the source's result.
+            d = ev.Decision(
+                tool_use_id=g.gate.tool_use_id,
+                tool_execution_id=g.tool_execution_id,
+                effect="approve",
+                reason=forkcalls.FORK_REUSED,
+            )
         else:
             why = g.resolved.reason or "denied by operator"
             d = ev.Decision(
@@ -555,10 +566,21 @@ class LoopDriver:
                         continue
             if call.id in decided:
                 p.decision = decided[call.id]
+                if p.decision.reason == forkcalls.FORK_REUSED:
+                    p.recorded = forkcalls.recorded_outcome(await self._fork_results(h), call.name, call.input)
                 continue
             spec = self._spec(h, call.name)
             if call.minted_id or spec is None or not is_strict(call.input):
                 continue  # a pre-execution failure: the executor reports it, no authorisation
+            if h.forked is not None:
+                way = await self._fork_reexecution(h, p, spec)
+                if way == forkcalls.ASK:
+                    await self._open_gate(h, t, step_id, s, p, spec, kind="permission", fork=True)
+                    return
+                if way == forkcalls.REUSE:
+                    assert p.decision is not None
+                    s = _with_decision(s, p.decision)
+                    continue
             if getattr(spec, "kind", "function") == "user_input":
                 await self._open_gate(h, t, step_id, s, p, spec, kind="user_input")
                 return
@@ -580,13 +602,7 @@ class LoopDriver:
                 assert effect == ASK
                 await self._open_gate(h, t, step_id, s, p, spec, kind="permission")
                 return
-            s = ev.SuspendedStep(
-                message=s.message,
-                calls=s.calls,
-                decisions=[*s.decisions, p.decision],
-                iteration=s.iteration,
-                calls_so_far=s.calls_so_far,
-            )
+            s = _with_decision(s, p.decision)
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
@@ -602,6 +618,28 @@ class LoopDriver:
         )
         results = _fit_results(s.message, results, self._max_record)
         await self._commit_tool_step(h, t, step_id, s.message, planned, results)
+
+    async def _fork_results(self, h: LoopHistory) -> forkcalls.SourceResults:
+        found = self._fork_sources.get(h.loop_id)
+        if found is None and h.forked is not None:
+            found = await forkcalls.read_source_results(self.nc, self.settings.names, h.forked, self._max_record)
+            self._fork_sources[h.loop_id] = found
+        return found or {}
+
+    async def _fork_reexecution(self, h: LoopHistory, p: Planned, spec: Any) -> str:
+        """In a fork, for a call equal to one the source made after the fork point: reuse (sets the
+        decision and the source's outcome), rerun or ask; "" for any other call."""
+        assert h.forked is not None
+        outcome = forkcalls.recorded_outcome(await self._fork_results(h), p.call.name, p.call.input)
+        if outcome is None:
+            return ""
+        way = forkcalls.reexecution_for(h.forked, p.call.name, spec)
+        if way == forkcalls.REUSE:
+            p.recorded = outcome
+            p.decision = ev.Decision(
+                tool_use_id=p.call.id, tool_execution_id=p.execution_id, effect="approve", reason=forkcalls.FORK_REUSED
+            )
+        return way
 
     async def _prior(self, h: LoopHistory, p: Planned) -> str:
         """What an earlier run of the step left of this call: "" (nothing: it never started, or it
@@ -652,6 +690,7 @@ class LoopDriver:
         *,
         kind: ev.GateKind,
         unknown: bool = False,
+        fork: bool = False,
     ) -> None:
         gate_id = new_id()
         common: dict[str, Any] = {
@@ -672,7 +711,7 @@ class LoopDriver:
                 request=ev.PermissionRequest(
                     gate_id=gate_id,
                     tool_name=p.call.name,
-                    summary=(OUTCOME_UNKNOWN_SUMMARY if unknown else "")
+                    summary=(OUTCOME_UNKNOWN_SUMMARY if unknown else forkcalls.FORK_RERUN_SUMMARY if fork else "")
                     + shaping.summary_for_call(p.call.name, p.call.input),
                 ),
             )
@@ -686,7 +725,7 @@ class LoopDriver:
                 tool_use_id=p.call.id,
                 tool_name=p.call.name,
                 step=s,
-                reason=GATE_OUTCOME_UNKNOWN if unknown else "",
+                reason=GATE_OUTCOME_UNKNOWN if unknown else forkcalls.GATE_FORK_RERUN if fork else "",
             ),
         )
 
@@ -745,6 +784,17 @@ class LoopDriver:
             return [*decisions, self._step_done(cur, t, step_id, [stored, *results]), *folds]
 
         await self._commit(h, build)
+
+
+def _with_decision(s: ev.SuspendedStep, decision: ev.Decision) -> ev.SuspendedStep:
+    """The step with one more call decided (what a gate opened later stores, to resume from)."""
+    return ev.SuspendedStep(
+        message=s.message,
+        calls=s.calls,
+        decisions=[*s.decisions, decision],
+        iteration=s.iteration,
+        calls_so_far=s.calls_so_far,
+    )
 
 
 def _has_policy(config: ev.LoopStarted | None) -> bool:

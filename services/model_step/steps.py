@@ -6,23 +6,14 @@ closed, or waiting for an operator at a gate.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from enum import Enum
 
+from shared.events import execution_id_for as execution_id_for
+from shared.events import step_id_for as step_id_for
 from shared.history import GateState, LoopHistory
 
-# Step and execution ids are derived, not random: a step re-run after a crash has the same id, so
-# tool idempotency keys (<loop>:<step>:<tool_use_id>) stay stable and "one StepDone per step" is checkable.
-_STEP_NS = uuid.UUID("4f1d3c2a-7b7e-4e55-9a51-0c2f6f1b9d10")
-
-
-def step_id_for(turn_id: str, step_index: int) -> str:
-    return str(uuid.uuid5(_STEP_NS, f"{turn_id}:{step_index}"))
-
-
-def execution_id_for(step_id: str, tool_use_id: str) -> str:
-    return str(uuid.uuid5(uuid.UUID(step_id), tool_use_id))
+# Step and execution ids are derived (shared.events): a step re-run after a crash has the same id.
 
 
 class Action(Enum):
@@ -63,7 +54,7 @@ def open_gate(h: LoopHistory) -> GateState | None:
 
 
 def next_action(h: LoopHistory) -> Next:
-    if h.config is None or h.closed:
+    if h.config is None or h.closed or h.forming:
         return Next(Action.NONE)
     if h.open_turn is not None:
         if open_gate(h) is not None:

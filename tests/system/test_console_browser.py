@@ -639,3 +639,32 @@ def test_bad_input_gets_clear_errors_never_a_stack_trace(d: Deployment, browser:
 @pytest.fixture(scope="module")
 def d(deployment: Deployment) -> Deployment:
     return deployment
+
+
+def test_fork_from_a_point_of_the_timeline_and_see_the_lineage(d: Deployment, browser: WebDriver) -> None:
+    loop_id = start_loop(d, COMPUTE)
+    open_loop(browser, f"{d.console_url}loops/{loop_id}")
+    wait_until(lambda: committed(browser, "TurnDone"), what="the answer")
+    # "fork from here" on exactly the valid points: the input, the tool step, the turn's end.
+    buttons = wait_until(
+        lambda: (b := browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")) and len(b) == 3 and b,
+        what="fork buttons",
+    )
+    kinds = [b.find_element(By.XPATH, "..").get_attribute("data-type") for b in buttons]
+    assert kinds == ["InputSubmitted", "StepDone", "TurnDone"], kinds
+    at = int(buttons[-1].find_element(By.XPATH, "..").get_attribute("data-seq"))
+    buttons[-1].click()
+    wait_until(lambda: loop_id not in browser.current_url, what="the fork's page")
+    fork_id = browser.current_url.rstrip("/").split("/")[-1]
+    wait_until(lambda: browser.execute_script("return document.body.dataset.ready === '1'"))
+    card = wait_until(
+        lambda: browser.find_element(By.ID, "lineage").is_displayed() and browser.find_element(By.ID, "lineage")
+    )
+    assert f"forked from {loop_id[:8]} at #{at}" in card.text
+    types = history_types(d, fork_id)
+    assert types[:2] == ["LoopForked", "LoopStarted"] and types.count("TurnDone") == 1
+    open_loop(browser, f"{d.console_url}loops/{loop_id}")
+    card = wait_until(
+        lambda: browser.find_element(By.ID, "lineage").is_displayed() and browser.find_element(By.ID, "lineage")
+    )
+    assert f"fork {fork_id[:8]} at #{at}" in card.text

@@ -149,6 +149,15 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ),
     ev.LoopIdle: st.just({}),
     ev.LoopClosed: st.just({}),
+    ev.LoopForked: st.fixed_dictionaries(
+        {
+            "source_loop_id": uuids,
+            "source_seq": st.integers(0, 2**40),
+            "records": st.integers(1, 10_000),
+            "changes": st.builds(ev.ForkChanges, input=st.none() | texts, model=st.none() | texts),
+            "reexecution": st.dictionaries(tool_names | st.just("*"), st.sampled_from(ev.REEXECUTIONS), max_size=3),
+        }
+    ),
     ev.TurnStarted: st.fixed_dictionaries({"turn_index": turn_index, "message": user_messages}),
     ev.TurnFoldedInto: st.fixed_dictionaries({"turn_index": turn_index, "message": user_messages}),
     ev.StepDone: st.fixed_dictionaries({"messages": step_groups()}),

@@ -449,12 +449,44 @@ function loopPage() {
     $("#loop-end").scrollIntoView();
     refresh();
     eventStream(`/api/loops/${loopId}/stream?after=${lastSeq}`, (type, data) => {
-      if (type === "commit") { append(data); refresh(); }
+      if (type === "commit") { append(data); refresh(); lineageLater(); }
       else if (type === "live") onLive(data);
     }, connState);
   }
-  start();
+  const lineageLater = throttle(() => showLineage(), 1000);
+  start().then(showLineage);
   followIndex(null);
+
+  // Forks: "fork from here" on every valid point, and where this loop comes from and went.
+  async function showLineage() {
+    const doc = await api(`/api/loops/${loopId}/lineage`);
+    if (!doc.ok) return;
+    const points = new Set(doc.points);
+    window.lwForkPoints = doc.points;
+    for (const node of timeline.querySelectorAll(".ev")) {
+      const seq = Number(node.dataset.seq);
+      if (points.has(seq) && !node.querySelector(".fork")) node.append(forkButton(seq, node));
+    }
+    const rows = [];
+    if (doc.parent) rows.push(el("div", {}, "forked from ", el("a", { class: "mono", href: `/loops/${doc.parent}`, text: short(doc.parent) }), ` at #${doc.forked_at}`));
+    for (const c of doc.children) rows.push(el("div", { class: "child" }, "fork ", el("a", { class: "mono", href: `/loops/${c.loop_id}`, text: short(c.loop_id) }), ` at #${c.at} · ${c.state}`));
+    $("#lineage-body").replaceChildren(...rows);
+    $("#lineage").hidden = !rows.length;
+  }
+  function forkButton(seq, node) {
+    return el("button", { type: "button", class: "fork", text: "fork from here", onclick: async () => {
+      let body = { command_id: uuid4(), at: String(seq) };
+      if (node.dataset.type === "InputSubmitted") {
+        const old = node.querySelector(".text") ? node.querySelector(".text").textContent : "";
+        const text = prompt("Fork with this input (edit it to change the past):", old);
+        if (text === null) return;
+        if (text !== old) body.input = text;
+      }
+      const doc = await api(`/api/loops/${loopId}/fork`, body);
+      flash($("#action-flash"), doc, "forked");
+      if (doc.ok) location.href = `/loops/${doc.loop_id}`;
+    } });
+  }
 
   const act = async (verb, body) => {
     const doc = await api(`/api/loops/${loopId}/${verb}`, Object.assign({ command_id: uuid4() }, body || {}));

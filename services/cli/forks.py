@@ -1,0 +1,163 @@
+"""``loopwire fork``, ``lineage`` and ``diff``: branch a loop, show its fork tree, compare two branches."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, cast
+
+from rich.table import Table
+
+from services.cli.commands import make_console, out, parse_policy, require_uuid, session
+from services.cli.errors import CliError
+from services.cli.render import clip, describe, json_line
+from shared.events import REEXECUTIONS, Event, LoopForked
+from shared.forking import common_prefix, content_of, conversation, parents
+from shared.history import loops, replay
+from shared.settings import Settings
+from shared.wiretypes import Reexecution
+
+
+def parse_reexecution(items: list[str]) -> dict[str, Reexecution]:
+    """``TOOL=reuse|rerun|ask`` items (TOOL may be ``*``)."""
+    out_: dict[str, Reexecution] = {}
+    for raw in items:
+        name, sep, way = (x.strip() for x in raw.partition("="))
+        if not sep or not name or way not in REEXECUTIONS:
+            raise CliError(f"--reexecute wants TOOL=reuse|rerun|ask (TOOL may be *), got {raw!r}")
+        out_[name] = cast(Reexecution, way)
+    return out_
+
+
+async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
+    source = require_uuid(args.loop, "LOOP")
+    loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else None
+    if args.input is not None and not args.input.strip():
+        raise CliError("--input must not be empty")
+    policy = parse_policy(args.policy or [])
+    from shared.client import LoopClient
+
+    async with session(settings) as nc:
+        res = await LoopClient(nc, settings.names).fork(
+            source,
+            at=args.at,
+            input=args.input,
+            model=args.model,
+            system=args.system,
+            policy=policy or None,
+            reexecution=parse_reexecution(args.reexecute or []) or None,
+            loop_id=loop_id,
+        )
+    if args.json:
+        out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id, "source": source}))
+    else:
+        out(res.loop_id)
+    return 0
+
+
+async def _records(nc: Any, settings: Settings, loop_id: str) -> list[tuple[int, Event]]:
+    return [r async for r in replay(nc, loop_id, names=settings.names)]
+
+
+async def cmd_lineage(args: argparse.Namespace, settings: Settings) -> int:
+    target = require_uuid(args.loop, "LOOP")
+    async with session(settings) as nc:
+        every = await loops(nc, settings.names)
+        if target not in every:
+            raise CliError(f"no loop {target}")
+        forks = await parents(nc, settings.names, every)
+    root = target
+    while (f := forks.get(root)) is not None and f.source_loop_id in forks:
+        root = f.source_loop_id
+    children: dict[str, list[tuple[str, LoopForked]]] = {}
+    for loop_id, f in forks.items():
+        if f is not None:
+            children.setdefault(f.source_loop_id, []).append((loop_id, f))
+    rows: list[tuple[int, str, LoopForked | None]] = []
+
+    def walk(loop_id: str, depth: int) -> None:
+        rows.append((depth, loop_id, forks.get(loop_id)))
+        for child, _ in sorted(children.get(loop_id, []), key=lambda c: (c[1].source_seq, c[1].created_at)):
+            walk(child, depth + 1)
+
+    walk(root, 0)
+    if args.json:
+        for depth, loop_id, f in rows:
+            out(
+                json_line(
+                    {
+                        "loop_id": loop_id,
+                        "depth": depth,
+                        "parent": f.source_loop_id if f else None,
+                        "at": f.source_seq if f else None,
+                        "changes": _changes(f) if f else "",
+                    }
+                )
+            )
+        return 0
+    for depth, loop_id, f in rows:
+        mark = " ◀" if loop_id == target else ""
+        where = f"  (forked at seq {f.source_seq}{'; ' + _changes(f) if _changes(f) else ''})" if f else ""
+        out(f"{'  ' * depth}{'└─ ' if depth else ''}{loop_id}{where}{mark}")
+    return 0
+
+
+def _changes(f: LoopForked) -> str:
+    c = f.changes
+    parts = []
+    if c.input is not None:
+        parts.append(f"input {clip(c.input, 30)!r}")
+    if c.model is not None:
+        parts.append(f"model {c.model}")
+    if c.system is not None:
+        parts.append("system")
+    if c.policy:
+        parts.append("policy " + ",".join(f"{k}={v}" for k, v in sorted(c.policy.items())))
+    return ", ".join(parts)
+
+
+async def cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
+    a_id, b_id = require_uuid(args.a, "A"), require_uuid(args.b, "B")
+    async with session(settings) as nc:
+        a = conversation(await _records(nc, settings, a_id))
+        b = conversation(await _records(nc, settings, b_id))
+    if not a or not b:
+        raise CliError(f"no loop {a_id if not a else b_id}")
+    n = common_prefix(a, b)
+    rest_a, rest_b = a[n:], b[n:]
+    if args.json:
+        out(
+            json_line(
+                {
+                    "a": a_id,
+                    "b": b_id,
+                    "common": n,
+                    "diverge_at": {"a": rest_a[0][0] if rest_a else None, "b": rest_b[0][0] if rest_b else None},
+                    "only_a": [{"seq": s, "type": type(e).__name__, "content": content_of(e)} for s, e in rest_a],
+                    "only_b": [{"seq": s, "type": type(e).__name__, "content": content_of(e)} for s, e in rest_b],
+                }
+            )
+        )
+        return 0
+    out(f"common prefix: {n} records")
+    if not rest_a and not rest_b:
+        out("the branches are equal")
+        return 0
+    first = (
+        f"first divergence: A seq {rest_a[0][0] if rest_a else '(end)'} / B seq {rest_b[0][0] if rest_b else '(end)'}"
+    )
+    out(first)
+    table = Table()
+    table.add_column(f"A {a_id[:8]}", overflow="fold")
+    table.add_column(f"B {b_id[:8]}", overflow="fold")
+    for k in range(max(len(rest_a), len(rest_b))):
+        cells = [_cell(rest_a, k), _cell(rest_b, k)]
+        table.add_row(*cells)
+    make_console().print(table)
+    return 0
+
+
+def _cell(rows: list[tuple[int, Event]], k: int) -> str:
+    if k >= len(rows):
+        return ""
+    seq, e = rows[k]
+    return f"{seq} {type(e).__name__}: {describe(e)}"

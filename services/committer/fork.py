@@ -1,0 +1,118 @@
+"""The ``fork`` verb: a new loop from a committed point of another one (see shared.forking).
+
+The fork's records are written in atomic batches of at most ``FORK_BATCH`` records. The first
+batch starts with ``LoopForked``, which announces how many records follow; until the last of them
+is stored the new loop is *forming*: the model-step does not drive it, the loop API refuses it and
+``loopwire loops`` marks it. Every record's id is derived from the new loop id and the command, so a
+repeated fork command (a client retry after a timeout, or after a committer died between batches)
+finds what is stored, writes only the rest, and ends with the same whole loop. A fork of at most
+``FORK_BATCH`` records (the usual case) is a single atomic commit: no loop at all, or all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Final
+
+from shared.bus import JetStreamError, JetStreamUnavailableError
+from shared.codec import encode_event
+from shared.errors import ErrorKind, InvalidEventError, LoopwireError
+from shared.events import Event, ForkChanges, now_rfc3339
+from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
+from shared.history import fold, replay
+from shared.protocol import ApiReply, ForkRequest, WireError
+
+if TYPE_CHECKING:
+    from .api import LoopApi
+
+FORK_BATCH: Final = 500  # records per atomic batch (the server allows 1,000)
+FORK_BATCH_BYTES: Final = 8 * 1024 * 1024
+
+
+def _changes(req: ForkRequest) -> ForkChanges:
+    if req.input is not None and not req.input.strip():
+        raise WireError(ErrorKind.INVALID, "input must not be empty", field="input")
+    if req.model is not None and len(req.model) > 512:
+        raise WireError(ErrorKind.INVALID, "model is longer than 512 characters", field="model")
+    return ForkChanges(input=req.input, model=req.model, system=req.system, policy=req.policy or None)
+
+
+async def _source_records(api: LoopApi, source: str) -> list[tuple[int, Event]]:
+    try:
+        limit = api._settings.max_record_bytes
+        return [r async for r in replay(api._nc, source, names=api._names, max_record_bytes=limit)]
+    except (JetStreamUnavailableError, JetStreamError) as e:
+        raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the source loop: {e}") from None
+    except LoopwireError as e:
+        raise WireError(ErrorKind.UNAVAILABLE, f"the source loop's history does not decode: {e}") from None
+
+
+def _batches(payloads: list[bytes]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, p in enumerate(payloads):
+        if i > start and (i - start >= FORK_BATCH or size + len(p) > FORK_BATCH_BYTES):
+            out.append((start, i))
+            start, size = i, 0
+        size += len(p)
+    if start < len(payloads):
+        out.append((start, len(payloads)))
+    return out
+
+
+async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str) -> ApiReply:
+    """Write the fork ``loop_id`` of ``req.source_loop_id`` (or finish one a repeat of it began)."""
+    if req.source_loop_id == loop_id:
+        raise WireError(ErrorKind.INVALID, "a loop cannot be forked into itself", field="source_loop_id")
+    changes = _changes(req)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + api._settings.commit_retry_seconds
+    async with api._loop_lock(loop_id):
+        h = await api._history(loop_id, deadline)
+        if h.forked is not None:
+            mine = h.forked.cause is not None and h.forked.cause.command_id == req.command_id
+            if not mine:
+                raise WireError(ErrorKind.CONFLICT, "the loop was created by another command", last_seq=h.last_seq)
+            if not h.forming:
+                return ApiReply(ok=True, seq=h.formed_seq, loop_id=loop_id)
+        elif h.last_seq:
+            raise WireError(ErrorKind.CONFLICT, "a loop with this id already exists", last_seq=h.last_seq)
+        records = await _source_records(api, req.source_loop_id)
+        if not records:
+            raise WireError(ErrorKind.NOT_FOUND, "no such source loop", field="source_loop_id")
+        src = fold(records)
+        if src.forming:
+            raise WireError(ErrorKind.NOT_FOUND, "the source loop is still being forked", field="source_loop_id")
+        try:
+            # A repeat finishing a forming fork keeps its point (the source may have moved on since).
+            at = check_point(records, h.forked.source_seq if h.forked is not None else req.at)
+            spec = ForkSpec(
+                new_loop=loop_id,
+                source_loop=req.source_loop_id,
+                at=at,
+                command_id=req.command_id,
+                created_at=h.forked.created_at if h.forked is not None else now_rfc3339(),
+                changes=h.forked.changes if h.forked is not None else changes,
+                reexecution=dict(h.forked.reexecution if h.forked is not None else (req.reexecution or {})),
+            )
+            events = build_fork(spec, records, first_event_id)
+        except ForkPointError as e:
+            raise WireError(ErrorKind.INVALID, str(e), field="at") from None
+        try:
+            payloads = [encode_event(e, max_bytes=api._settings.max_record_bytes) for e in events]
+        except InvalidEventError as e:
+            raise WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule) from None
+        except LoopwireError as e:
+            raise WireError(e.kind, str(e)) from None
+        done = h.events  # records a repeat of this command already stored
+        last = h.last_seq
+        ids = [e.event_id for e in events]
+        for a, b in _batches(payloads):
+            if b <= done:
+                continue
+            a = max(a, done)
+            seqs = await api._appender.append(loop_id, last, payloads[a:b], ids[a:b])
+            last = seqs[-1]
+        api._cache.drop(loop_id)
+    await api._signal_work(loop_id)
+    return ApiReply(ok=True, seq=last, loop_id=loop_id)
