@@ -268,6 +268,13 @@ def run_demo(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("interrupted: everything stopped", file=sys.stderr, flush=True)
             return 130
+        except Exception:
+            if not interrupts.received:
+                raise
+            # The Ctrl-C came inside code that wrapped it (Python turns an exception raised while a
+            # class is being created, e.g. during an import, into a RuntimeError): still an interrupt.
+            print("interrupted: everything stopped", file=sys.stderr, flush=True)
+            return 130
 
 
 def _run_demo(args: argparse.Namespace, interrupts: Interrupts) -> int:
@@ -424,6 +431,11 @@ def run_up(args: argparse.Namespace) -> int:
             return _run_up(args, interrupts)
         except KeyboardInterrupt:
             print("stopped", flush=True)
+            return 0
+        except Exception:
+            if not interrupts.received:
+                raise
+            print("stopped", flush=True)  # a Ctrl-C that surfaced wrapped (see run_demo)
             return 0
 
 
