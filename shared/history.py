@@ -1,6 +1,6 @@
 """A loop's committed history for every consumer: fold it (``LoopHistory``) and read it (``replay``).
 
-Fold rules (the seed's ``foldLoop``): ``TurnStarted`` appends its message, counts a turn and opens
+Fold rules: ``TurnStarted`` appends its message, counts a turn and opens
 it; ``StepDone`` appends its messages in order; ``TurnFoldedInto`` appends its message; the three
 terminals close the turn and add nothing (TurnDone's message is already in the last StepDone);
 everything else leaves ``messages`` alone. Usage is summed from StepDone AIMessage usage only,

@@ -1,4 +1,4 @@
-"""Run one step's batch of tool calls with the seed's semantics (looprig RunBatch, design §6).
+"""Run one step's batch of tool calls.
 
 Input: the planned calls in the order the model made them — each the raw tool-use view, the
 ``tool_execution_id`` the caller minted and the authorisation decision (approve / deny with the

@@ -1,4 +1,4 @@
-"""Ports of looprig's ledger conformance cases (storage/storetest/ledger.go) that apply to a loop's history.
+"""Ledger conformance cases that apply to a loop's history.
 
 The ledger here is one loop: append = a commit through the committer (expected = the stream
 sequence of the loop's last record), read = ``shared.history.replay``, tip = the last sequence.

@@ -1,4 +1,4 @@
-"""StreamAccumulator: the seed's folding rules for streamed chunks."""
+"""StreamAccumulator: the folding rules for streamed chunks."""
 
 from __future__ import annotations
 

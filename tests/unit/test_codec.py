@@ -1,4 +1,4 @@
-"""The durable envelope: acceptance checks and strictness both ways (the seed's marshal tests)."""
+"""The durable envelope: acceptance checks and strictness both ways."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The content model: tagged unions, None vs [], usage arithmetic and ownership (clone independence).
 
-Ports the seed's ownership tests: mutating a decoded StepDone (or a clone) never changes another copy.
+Ownership: mutating a decoded StepDone (or a clone) never changes another copy.
 """
 
 from __future__ import annotations

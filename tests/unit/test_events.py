@@ -1,4 +1,4 @@
-"""Classification of every event type (the seed's TestEventClass / TestEventEndsTurn / TestEventScope),
+"""Classification of every event type,
 the one-place rule, and the factories."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_exactly_these_are_ephemeral() -> None:
     assert {c for c in CLASSIFICATION if event_class(c) is Class.EPHEMERAL} == EPHEMERAL
     assert {EVENT_TYPES[n] for n in EPHEMERAL_TYPES} == EPHEMERAL
     assert {EVENT_TYPES[n] for n in ENDURING_TYPES} == set(CLASSIFICATION) - EPHEMERAL
-    # the seed's named enduring events
+    # the named enduring events
     for cls in (ev.StepDone, ev.PermissionRequested, ev.PermissionDecided, ev.UserInputRequested):
         assert event_class(cls) is Class.ENDURING
     for cls in (ev.GateOpened, ev.GateResolved, ev.LoopIdle, ev.LoopClosed, ev.InputSubmitted):
@@ -102,7 +102,7 @@ def test_ends_turn(cls: type[ev.Event]) -> None:
 
 def test_terminals_are_enduring() -> None:
     assert all(event_class(c) is Class.ENDURING for c in TERMINALS)
-    assert ends_turn(ev.StepDone) is False  # the seed README's "terminal StepDone" was wrong
+    assert ends_turn(ev.StepDone) is False  # a StepDone never ends a turn
 
 
 def test_scope_and_profiles() -> None:

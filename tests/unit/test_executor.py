@@ -1,4 +1,4 @@
-"""The batch executor against a real nats-server with in-process workers (ports looprig's TestRunBatch_*)."""
+"""The batch executor against a real nats-server with in-process workers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Step shaping: sanitisation of model replies, the model-visible strings and every bound (UTF-8 safe).
 
-Ports the seed's sanitisation proofs (step_test "malformed tool args: stored AIMessage Input
-sanitized to {}, raw executable view kept", refusal/redacted-thinking tests), its preview caps
-(TestRunBatch_ResultPreviewCapped / PreviewLineCap) and the truncation suite.
+Covers sanitisation (malformed tool args: the stored AIMessage input is sanitized to {}, the raw
+executable view kept; refusal and redacted thinking), the preview caps and the truncation suite.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ def test_valid_tool_use_is_kept_byte_for_byte() -> None:
 
 
 def test_malformed_tool_args_stored_as_empty_object_raw_view_kept() -> None:
-    # The seed's "malformed tool args: stored AIMessage Input sanitized to {}, raw executable view kept".
+    # Malformed tool args: the stored AIMessage input is sanitized to {}, the raw executable view kept.
     msg = AIMessage(blocks=[tu("t1", raw=b"{not valid json")])
     stored, raw = shaping.sanitize_ai_message(msg)
     assert stored.blocks is not None

@@ -1,8 +1,7 @@
 """validate_event: the identity matrix, the body rules and the StepDone group matrix.
 
-Ports the seed's TestValidateEventInvalid (identity), TestStepDoneMessageGroupValidation (StepDone
-from validate, encode and decode alike) and TestStepDoneUnknownRoleRemainsCodecError (here: an
-unknown role is the same InvalidEventError, see docs/architecture.md).
+Covers identity, the StepDone message group (from validate, encode and decode alike) and an unknown
+role (the same InvalidEventError, see docs/architecture.md).
 
 ``header_for`` / ``valid_event`` / ``step_json`` are reused by the other unit test modules.
 """
@@ -336,7 +335,7 @@ def test_bounds_at_the_limit_pass() -> None:
 
 
 def test_turn_done_usage_is_not_checked_for_consistency() -> None:
-    # The seed's TestMarshalEventKeepsTurnDoneWithDivergentUsage: reasoning > output never loses a turn.
+    # Reasoning > output never loses a turn.
     validate_event(valid_event(ev.TurnDone, usage=Usage(output_tokens=1, reasoning_tokens=99)))
     validate_event(valid_event(ev.TurnDone, message=None, usage=None))
 

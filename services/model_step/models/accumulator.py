@@ -1,4 +1,4 @@
-"""Folding streamed chunks into one assistant message (the seed's block accumulator rules).
+"""Folding streamed chunks into one assistant message (block by block).
 
 * Blocks appear in order of first arrival per (kind, index) key; a later-arriving lower index of
   the same kind is inserted before the higher ones already there.
@@ -120,7 +120,7 @@ class StreamAccumulator:
 
     @property
     def has_content(self) -> bool:
-        """False for the seed's empty response: no tool use, no non-empty text, no refusal, no thinking."""
+        """False for an empty response: no tool use, no non-empty text, no refusal, no thinking."""
         for slot in self._slots.values():
             if slot.kind in ("tool_use", "refusal"):
                 return True
