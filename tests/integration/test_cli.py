@@ -121,7 +121,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     marker = uuid.uuid4().hex
     env = {**os.environ, "LW_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [LOOPWIRE, "up", "--port", "0", "--data-dir", str(data)],
+        [LOOPWIRE, "up", "--port", "0", "--console-port", "0", "--data-dir", str(data)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -28,7 +28,7 @@ from shared.bus import (
     JetStreamError,
     connect,
     direct_get_batch,
-    ensure_history_stream,
+    ensure_all,
     ensure_work_stream,
     get_msg,
     js_publish,
@@ -73,8 +73,8 @@ async def env(request: pytest.FixtureRequest, nats_url: str) -> AsyncIterator[En
         settings = Settings.from_env({}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3)
     nc = await connect(settings, name="pins")
     try:
-        js = nc.jetstream(timeout=10)
-        await ensure_history_stream(js, settings)
+        # (a cluster that just formed may still be electing leaders: ensure_all waits for that)
+        await ensure_all(nc.jetstream(timeout=10), settings, wait_seconds=60)
         yield Env(nc, settings)
     finally:
         await nc.close()
