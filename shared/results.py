@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import anyio
 import msgspec
@@ -35,6 +36,8 @@ DONE: Final = "done"
 # How long a record write or read retries while JetStream is unavailable (a leader election).
 RETRY_SECONDS: Final = 10.0
 _REQUEST_TIMEOUT: Final = 2.0
+
+T = TypeVar("T")
 
 
 class StepPlan(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -95,33 +98,29 @@ class ResultStore:
     def call_key(tool: str, execution_id: str) -> str:
         return f"tool.{tool}.{execution_id}"
 
-    async def _get(self, key: str) -> bytes | None:
+    async def _retrying(self, request: Callable[[], Awaitable[T]]) -> T:
+        """``request()``, retried while JetStream is unavailable for up to ``retry_seconds``."""
         give_up = time.monotonic() + self.retry_seconds
         delay = 0.05
         while True:
             try:
-                m = await get_msg(
-                    self.nc, self.stream, last_by_subj=self._subject(key), request_timeout=_REQUEST_TIMEOUT
-                )
-                return m.data if m is not None and m.data else None
+                return await request()
             except JetStreamUnavailableError:
                 if time.monotonic() + delay > give_up:
                     raise
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
+    async def _get(self, key: str) -> bytes | None:
+        m = await self._retrying(
+            lambda: get_msg(self.nc, self.stream, last_by_subj=self._subject(key), request_timeout=_REQUEST_TIMEOUT)
+        )
+        return m.data if m is not None and m.data else None
+
     async def _put(self, key: str, value: bytes) -> None:
-        give_up = time.monotonic() + self.retry_seconds
-        delay = 0.05
-        while True:
-            try:
-                await js_publish(self.nc, self._subject(key), value, {}, request_timeout=_REQUEST_TIMEOUT)
-                return
-            except JetStreamUnavailableError:
-                if time.monotonic() + delay > give_up:
-                    raise
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        await self._retrying(
+            lambda: js_publish(self.nc, self._subject(key), value, {}, request_timeout=_REQUEST_TIMEOUT)
+        )
 
     async def plan(self, step_id: str) -> StepPlan | None:
         data = await self._get(self.plan_key(step_id))
