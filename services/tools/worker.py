@@ -57,7 +57,7 @@ from services.tools import protocol as p
 from services.tools import tracing as tool_tracing
 from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
 from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
-from services.tools.spec import Registration
+from services.tools.spec import Registration, ToolSpec
 from shared import logfmt, shaping
 from shared.bus import ensure_kv
 from shared.content import TextBlock
@@ -81,6 +81,7 @@ _REPLY_MARGIN_BYTES: Final = 4096
 @dataclass(eq=False)
 class _Call:
     tool: Tool
+    spec: ToolSpec  # the tool's spec, made once per call
     digest: str
     replies: list[str]
     started: float = field(default_factory=time.monotonic)
@@ -401,7 +402,7 @@ class Worker:
                 else:
                     same.replies.append(reply)  # the running call answers every waiter
                 return
-        call = _Call(tool=t, digest=digest, replies=[reply])
+        call = _Call(tool=t, spec=t.spec(self.settings), digest=digest, replies=[reply])
         if key:
             self._idem[(t.name, key)] = call
             while len(self._idem) > IDEMPOTENCY_MAX_ENTRIES:
@@ -416,7 +417,7 @@ class Worker:
                 outcome = tool_tracing.worker_outcome(kind, body)
                 tool_tracing.finished(span, t.name, tool_tracing.WORKER, outcome, tool_tracing.now() - started)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
-                if t.spec(self.settings).read_only and self._calls_tg is not None:
+                if call.spec.read_only and self._calls_tg is not None:
                     # Nothing to protect (running it again is harmless): written alongside the reply.
                     self._calls_tg.start_soon(self._record_done, t, eid, call, body)
                 else:
@@ -450,7 +451,7 @@ class Worker:
     async def _execute(
         self, t: Tool, raw: bytes, ids: p.CallIds, key: str, deadline_ms: int | None, call: _Call
     ) -> tuple[str, bytes]:
-        timeout = t.spec(self.settings).timeout_seconds
+        timeout = call.spec.timeout_seconds
         deadline = deadline_ms / 1000 if deadline_ms is not None else time.time() + timeout
         attempt = call.replies[0] if call.replies else ""
         early = self._cancelled_early.pop((ids.execution_id, attempt), None) if ids.execution_id else None
@@ -462,7 +463,7 @@ class Worker:
         if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
             call.canceled = True  # this attempt's reply only: _finish forgets it, a later attempt runs
             return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
-        if ids.execution_id and self.results is not None and not t.spec(self.settings).rerun_safe:
+        if ids.execution_id and self.results is not None and not call.spec.rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
             await self._record(t, ids.execution_id, call, STARTED)
         send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
