@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 import msgspec
@@ -17,12 +16,12 @@ from services.tools import client as cl
 from services.tools.executor import PlannedCall, run_batch
 from services.tools.protocol import CallIds
 from services.tools.sdk import Tool, ToolContext, tool
-from services.tools.serve import serve
 from services.tools.spec import ToolSpec
 from shared.content import TextBlock, text_of
 from shared.events import Event, RawToolUse, RetryPolicy, ToolCallCompleted, ToolCallProgress, ToolCallStarted
 from shared.results import DONE, STARTED, ResultStore, args_digest
 from shared.settings import Settings
+from tests.integration.test_tools_protocol import worker as serving
 
 pytestmark = pytest.mark.anyio
 
@@ -75,15 +74,8 @@ def fast(settings: Settings) -> Settings:
     return dataclasses.replace(settings, heartbeat_seconds=0.3)
 
 
-@asynccontextmanager
-async def worker(settings: Settings, tools: Sequence[Tool] = TOOLS) -> AsyncIterator[None]:
-    async with anyio.create_task_group() as tg:
-        ready, stop = anyio.Event(), anyio.Event()
-        tg.start_soon(partial(serve, list(tools), settings, ready=ready, stop=stop))
-        with anyio.fail_after(10):
-            await ready.wait()
-        yield
-        stop.set()
+def worker(settings: Settings, tools: Sequence[Tool] = TOOLS) -> AbstractAsyncContextManager[None]:
+    return serving(settings, tools)
 
 
 def ids() -> CallIds:
