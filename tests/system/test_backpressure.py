@@ -4,9 +4,10 @@
   whole process, so the server sees a slow TCP client) do not slow down or break the services:
   the same load takes comparable time with and without them.
 * A model-step replica never holds more work items than it has free slots: with
-  LW_MODEL_STEP_CONCURRENCY=2 and 2 replicas, the work consumer's num_ack_pending — the server's
-  count of items delivered and not yet acknowledged (a replaced signal leaves it at once) — stays ≤ 4
-  while many more loops wait in the queue.
+  LW_MODEL_STEP_CONCURRENCY=2 and 2 replicas, the items delivered to the replicas and not yet
+  answered (acked, nak'd or terminated), counted on the wire, stay ≤ 4 while many more loops wait in
+  the queue. The server's num_ack_pending is not that count: an item nak'd with a delay (its loop is
+  driven by the other replica) stays in it until redelivered, held by no replica.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import anyio
 import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from shared.bus import connect
 from shared.natsserver import NatsServer
@@ -43,6 +46,42 @@ def connz(server: NatsServer) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/connz?limit=1024", timeout=2) as r:
         doc: dict[str, Any] = json.loads(r.read())
     return list(doc.get("connections") or [])
+
+
+class HeldItems:
+    """Work items delivered to model-step replicas and not yet answered, seen on the wire.
+
+    Every delivery carries its own ack subject as reply; the answer (an ack — empty or +ACK —, -NAK,
+    +TERM) is published to exactly that subject, so a delivery is held from when it is seen until its answer is.
+    """
+
+    def __init__(self, ack_prefix: str) -> None:
+        self.ack_prefix = ack_prefix
+        self.open: set[str] = set()
+        self.most = 0
+        self.delivered = 0
+        self.naks = 0
+
+    @classmethod
+    async def watch(cls, nc: NATS, settings: Settings) -> HeldItems:
+        n = settings.names
+        held = cls(f"$JS.ACK.{n.work_stream}.{n.work_consumer}.")
+        await nc.subscribe(f"{settings.nats_inbox_prefix}.>", cb=held._on_delivery)
+        await nc.subscribe(f"{held.ack_prefix}>", cb=held._on_answer)
+        await nc.flush()
+        return held
+
+    async def _on_delivery(self, m: Msg) -> None:
+        if m.reply.startswith(self.ack_prefix):
+            self.delivered += 1
+            self.open.add(m.reply)
+            self.most = max(self.most, len(self.open))
+
+    async def _on_answer(self, m: Msg) -> None:
+        if m.data.startswith(b"+WPI"):  # "still working on it": held on
+            return
+        self.naks += m.data.startswith(b"-NAK")
+        self.open.discard(m.subject)
 
 
 async def timed_load(f: Fleet, settings: Settings, model: str) -> float:
@@ -120,33 +159,35 @@ async def test_model_step_never_pulls_more_work_than_it_has_slots(nats_server: N
     model = write_model(tmp_path, [step, step, [{"sleep": 0.3}, {"kind": "text", "text": "done"}]], "slow.json")
     counts = {"committer": 1, "model-step": replicas, "tools-calc": 1}
     env = {"LW_MODEL_STEP_CONCURRENCY": str(slots)}
-    samples: list[tuple[int, int]] = []
+    queued: list[int] = []
     with fleet(settings, counts=counts, env=env, log_dir=tmp_path / "logs"):
         nc = await connect(settings)
         try:
             js = nc.jetstream(timeout=5)
+            held = await HeldItems.watch(nc, settings)
             load = Load(nc, settings, model, loops, policy={})
 
             async def sample(_: Load) -> None:
                 n = settings.names
                 while load.completed < loops:
                     info = await js.consumer_info(n.work_stream, n.work_consumer)
-                    samples.append((int(info.num_ack_pending or 0), int(info.num_pending or 0)))
+                    queued.append(int(info.num_pending or 0))
                     await anyio.sleep(0.05)
 
             await load.run(sample, timeout=180)
         finally:
             await nc.close()
     assert load.completed == loops
-    held = max(a for a, _ in samples)
-    queued = max(p for _, p in samples)
     figures = {
         "slots_x_replicas": slots * replicas,
-        "max_num_ack_pending": held,
-        "max_queued": queued,
-        "samples": len(samples),
+        "max_items_held": held.most,
+        "items_delivered": held.delivered,
+        "naks": held.naks,
+        "max_queued": max(queued),
+        "samples": len(queued),
     }
     reports.add_figure("model-step pull bound", figures)
     print(figures)
-    assert held <= slots * replicas, figures
-    assert queued >= loops - slots * replicas - 2, f"the queue was never long: {figures}"
+    assert held.delivered >= loops, f"the wire watch saw too few deliveries: {figures}"
+    assert held.most <= slots * replicas, figures
+    assert max(queued) >= loops - slots * replicas - 2, f"the queue was never long: {figures}"
