@@ -1,7 +1,50 @@
-"""Every typed error of the shared contracts, and every rule / kind string, in one place.
+"""Every typed error of loopwire, under one base, and every rule / kind string, in one place.
 
 Services turn these into structured error replies (see ``ErrorKind``); nothing here is raised
-for a condition a caller cannot act on.
+for a condition a caller cannot act on. A class that needs its module's types (a wire body, a
+server's error codes) is defined there and still derives from :class:`LoopwireError`; every other
+one lives here and its old module imports it back. Subclasses of ``ValueError`` / ``RuntimeError``
+keep that base because callers catch them as such. The whole tree (a unit test keeps it complete):
+
+    LoopwireError
+    ├── InvalidEventError                 an event broke a validation rule
+    ├── CodecError                        a durable record could not be encoded or decoded
+    │   ├── EphemeralNotPersistableError
+    │   ├── UnknownEventTypeError
+    │   ├── UnsupportedSchemaError
+    │   ├── MalformedRecordError
+    │   └── RecordTooLargeError
+    ├── UsageOverflowError
+    ├── StrictJSONError                   (also ValueError) not strict JSON
+    ├── ForkPointError                    (also ValueError) not a valid fork point
+    ├── JetStreamError                    shared.bus: the JetStream API answered with an error
+    ├── JetStreamUnavailableError         shared.bus: no answer from JetStream
+    ├── PayloadTooLargeError              shared.bus: over the server's max_payload
+    ├── IncompatibleConfigError           shared.bus: a stream or bucket exists, configured otherwise
+    ├── RemoteError                       shared.protocol: an error reply of the committer
+    │   ├── InvalidRequestError
+    │   ├── ConflictError
+    │   ├── UnavailableError
+    │   ├── TooLargeError
+    │   ├── NotFoundError
+    │   └── ClosedError
+    ├── WireError                         shared.protocol: raised by request handling, becomes an error reply
+    ├── NatsServerError                   (also RuntimeError) the nats-server process
+    ├── ServiceStartError                 (also RuntimeError) a service process did not become ready
+    ├── CliError                          the CLI's one-line error
+    ├── ToolError                         raised by a tool: an error result for the model
+    ├── CallFailed                        services.tools.sdk: raised by a tool: an error reply instead of a result
+    ├── McpStartError                     an MCP server could not be started
+    ├── McpToolRejected                   (also ValueError) one MCP tool cannot be served
+    ├── SSEDecodeError                    (also ValueError) a model's byte stream is not SSE
+    ├── ModelError                        services.model_step.models.errors: a model call failed
+    │   ├── ModelUnavailableError
+    │   ├── ModelStreamError
+    │   └── ScriptError                   services.model_step.models.scripted
+    ├── LeaseLost                         services.model_step.lease: the loop's lease is gone
+    ├── StepAbandoned                     the history moved under a step
+    ├── CommitRefused                     the committer refused a step
+    └── ApiError                          services.console.app: a request the console refuses
 """
 
 from __future__ import annotations
@@ -97,3 +140,52 @@ class UsageOverflowError(LoopwireError):
     def __init__(self, field: str) -> None:
         self.field = field
         super().__init__(f"usage counter {field} overflows uint64")
+
+
+class StrictJSONError(LoopwireError, ValueError):
+    """Why a document is not strict JSON."""
+
+
+class ForkPointError(LoopwireError, ValueError):
+    """The requested fork point is not a record boundary that leaves a consistent loop."""
+
+
+class NatsServerError(LoopwireError, RuntimeError):
+    """The nats-server binary is missing, or its process did not start or stop cleanly."""
+
+
+class ServiceStartError(LoopwireError, RuntimeError):
+    """A service process exited or did not become ready in time."""
+
+
+class CliError(LoopwireError):
+    """A failure to report as one line (``error: <message>``), exit status 1."""
+
+
+class ToolError(LoopwireError):
+    """Raise from a tool to return ``error: <message>`` to the model (an expected failure)."""
+
+
+class McpStartError(LoopwireError):
+    """The MCP server could not be started or did not complete the handshake."""
+
+
+class McpToolRejected(LoopwireError, ValueError):
+    """One listed MCP tool cannot be served (the others still are)."""
+
+    def __init__(self, mcp_name: str, reason: str) -> None:
+        super().__init__(f"MCP tool {mcp_name!r} not registered: {reason}")
+        self.mcp_name = mcp_name
+        self.reason = reason
+
+
+class SSEDecodeError(LoopwireError, ValueError):
+    """The byte stream is not well-formed SSE."""
+
+
+class StepAbandoned(LoopwireError):
+    """The history moved under us (another writer, an interrupt): drop the in-flight step."""
+
+
+class CommitRefused(LoopwireError):
+    """The committer refused a group as invalid or too large: a bug or an oversized step."""

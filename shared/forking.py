@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from shared.bus import get_msg
 from shared.codec import decode_event
 from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, clone, tool_uses
+from shared.errors import ForkPointError as ForkPointError
 from shared.errors import LoopwireError
 from shared.events import (
     Cause,
@@ -59,10 +60,6 @@ _NOT_COPIED: Final = (LoopForked, LoopStarted)
 _ID_KEYS: Final = frozenset(
     {"loop_id", "turn_id", "step_id", "tool_execution_id", "event_id", "created_at", "cause", "session_id", "gate_id"}
 )
-
-
-class ForkPointError(ValueError):
-    """The requested fork point is not a record boundary that leaves a consistent loop."""
 
 
 def _fid(new_loop: str, kind: str, old: str) -> str:

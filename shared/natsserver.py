@@ -21,11 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.errors import NatsServerError as NatsServerError
 from shared.procs import die_with_parent
-
-
-class NatsServerError(RuntimeError):
-    pass
 
 
 def server_binary() -> str:

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.errors import ServiceStartError as ServiceStartError
+
 READY_LINE = "READY"
 _PR_SET_PDEATHSIG = 1
 
@@ -27,10 +29,6 @@ def die_with_parent() -> None:
     """preexec_fn: deliver SIGKILL to this child when its parent exits (Linux)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class ServiceStartError(RuntimeError):
-    pass
 
 
 @dataclass

@@ -11,16 +11,14 @@ from typing import Any, Final
 
 import msgspec
 
+from shared.errors import StrictJSONError as StrictJSONError
+
 MAX_DEPTH: Final = 256
 """Deepest nesting :func:`loads` accepts. Fixed, so acceptance never depends on the caller's stack."""
 
 EMBEDDED_MAX_DEPTH: Final = MAX_DEPTH - 32
 """Deepest nesting :func:`is_strict` accepts: a value embedded in a record (a tool_use input) keeps
 room for the record's own levels around it, so whatever validates on encode also decodes."""
-
-
-class StrictJSONError(ValueError):
-    """Why a document is not strict JSON."""
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -103,6 +103,8 @@ async def session(settings: Settings) -> AsyncIterator[NATS]:
     nc = await open_nats(settings)
     try:
         yield nc
+    except CliError:
+        raise  # already one line; the LoopwireError clause below would wrap it again
     except RemoteError as e:
         raise CliError(f"{e.body.kind}: {e.body.message}") from None
     except (JetStreamUnavailableError, JetStreamError) as e:

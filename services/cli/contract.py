@@ -48,15 +48,10 @@ TOOL_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
     Registration,
     tool_protocol.ResultBody,
     tool_protocol.ProgressBody,
-    tool_protocol.ErrorBody,
+    tool_protocol.ToolErrorBody,
     CallRecord,
     StepPlan,
 )
-# Component names where two types share a class name.
-_RENAME: Final = {
-    "shared.protocol.ErrorBody": "ErrorBody",
-    "services.tools.protocol.ErrorBody": "ToolErrorBody",
-}
 _FILE_NAME: Final = {"ToolErrorBody": "ErrorBody"}
 
 
@@ -101,23 +96,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
 # --- JSON Schemas -------------------------------------------------------------------------------
 
 
-def _rename_refs(value: Any, renames: Mapping[str, str]) -> Any:
-    if not renames:
-        return value
-    text = json.dumps(value)
-    for old, new in renames.items():
-        text = text.replace(f'/{old}"', f'/{new}"')
-    return json.loads(text)
-
-
 def _components(types: Iterable[Any], ref_template: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """msgspec's schemas of ``types`` and their definitions, refined by :mod:`services.cli.schema_rules`."""
     tops, defs = msgspec.json.schema_components(list(types), ref_template=ref_template)
-    renames = {k: v for k, v in _RENAME.items() if k in defs}
-    defs = {renames.get(k, k): v for k, v in defs.items()}
-    tops, defs = _rename_refs(list(tops), renames), _rename_refs(defs, renames)
     defs = schema_rules.refine(defs, lambda name: ref_template.format(name=name))
-    return schema_rules.strip_discriminators(tops), defs
+    return schema_rules.strip_discriminators(list(tops)), defs
 
 
 def _commit_events_items(defs: dict[str, Any], union_schema: dict[str, Any]) -> None:
@@ -151,7 +134,7 @@ def schema_files() -> dict[str, dict[str, Any]]:
     files["events/AnyEvent.json"] = standalone_schema("AnyEvent", ANY_UNION)
     for group, types in (("commit", COMMIT_TYPES), ("api", API_TYPES), ("tools", TOOL_TYPES)):
         for t in types:
-            name = "ToolErrorBody" if t is tool_protocol.ErrorBody else t.__name__
+            name = t.__name__
             files[f"{group}/{_FILE_NAME.get(name, name)}.json"] = standalone_schema(name, t)
     return dict(sorted(files.items()))
 

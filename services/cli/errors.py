@@ -1,7 +1,5 @@
-"""The CLI's one error type (kept apart so that importing it is cheap)."""
+"""The CLI's one error type (kept apart so that importing it is cheap; defined with every other error)."""
 
 from __future__ import annotations
 
-
-class CliError(Exception):
-    """A failure to report as one line (``error: <message>``), exit status 1."""
+from shared.errors import CliError as CliError

@@ -74,8 +74,11 @@ STATUS: Final[dict[str, int]] = {
 }
 
 
-class ApiError(Exception):
+class ApiError(LoopwireError):
     """A request the console refuses; becomes ``{"ok": false, "error": {...}}`` (or an error page)."""
+
+    # An ErrorKind or one of the console's own kinds (see STATUS): the JSON error's kind.
+    kind: str  # type: ignore[assignment]
 
     def __init__(self, kind: str, message: str, **extra: Any) -> None:
         super().__init__(message)

@@ -26,11 +26,9 @@ from mcp.client.session import MessageHandlerFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from shared.errors import McpStartError as McpStartError
+
 CHILD_ENV_HIDDEN_PREFIX: Final = "LW_"
-
-
-class McpStartError(Exception):
-    """The MCP server could not be started or did not complete the handshake."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,19 +25,11 @@ import mcp_types as mt
 from services.tools.protocol import ResultBody
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.content import Block, ImageBlock, TextBlock
+from shared.errors import McpToolRejected as McpToolRejected
 
 SOURCE_PREFIX: Final = "mcp:"
 # No "_" in a server name: then NAME_<tool> splits one way only, and two bridges never collide.
 SERVER_NAME_RE: Final = re.compile(r"^[A-Za-z0-9-]{1,40}$")
-
-
-class McpToolRejected(ValueError):
-    """One listed MCP tool cannot be served (the others still are)."""
-
-    def __init__(self, mcp_name: str, reason: str) -> None:
-        super().__init__(f"MCP tool {mcp_name!r} not registered: {reason}")
-        self.mcp_name = mcp_name
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

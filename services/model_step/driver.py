@@ -43,7 +43,9 @@ from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live, encode_live
 from shared.content import AIMessage, Message, ToolResultMessage, clone, clone_messages
+from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
+from shared.errors import StepAbandoned as StepAbandoned
 from shared.events import Cause, Event, make, new_id
 from shared.history import GateState, LoopHistory, OpenTurn, load
 from shared.protocol import ConflictError, RemoteError, UnavailableError
@@ -54,14 +56,6 @@ from shared.strictjson import is_strict, loads
 log = logging.getLogger("loopwire.model_step")
 
 ModelFactory = Callable[[str], Any]  # spec -> Model
-
-
-class StepAbandoned(Exception):
-    """The history moved under us (another writer, an interrupt): drop the in-flight step."""
-
-
-class CommitRefused(Exception):
-    """The committer refused a group as invalid or too large: a bug or an oversized step."""
 
 
 # Decision reasons of a re-run step's calls, and the gate reason of an unknown outcome.

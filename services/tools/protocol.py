@@ -9,7 +9,7 @@ Replies (several, to the request's reply subject), told apart by the ``Lw-Reply`
 * ``progress`` — :class:`ProgressBody`; heartbeats every ``heartbeat_seconds`` while the call runs,
   and the tool's own progress messages;
 * ``result`` — :class:`ResultBody`, the final outcome of a call that ran (tool errors included);
-* ``error`` — :class:`ErrorBody`, the final outcome of a call that did not complete on the worker
+* ``error`` — :class:`ToolErrorBody`, the final outcome of a call that did not complete on the worker
   (``timeout``, ``canceled``, ``internal``, ``not_started``, ``unavailable``, ``crashed``).
 
 Cancel: any message on ``<prefix>.toolctl.<execution_id>`` cancels that call wherever it runs.
@@ -66,7 +66,7 @@ class ProgressBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     heartbeat_seconds: float = 0.0
 
 
-class ErrorBody(msgspec.Struct, kw_only=True):
+class ToolErrorBody(msgspec.Struct, kw_only=True):
     kind: ToolErrorKind
     message: str = ""
 
@@ -146,7 +146,7 @@ def now_ms() -> int:
 _result_encoder = msgspec.json.Encoder()
 _result_decoder = msgspec.json.Decoder(ResultBody)
 _progress_decoder = msgspec.json.Decoder(ProgressBody)
-_error_decoder = msgspec.json.Decoder(ErrorBody)
+_error_decoder = msgspec.json.Decoder(ToolErrorBody)
 
 
 def encode(body: msgspec.Struct) -> bytes:
@@ -161,5 +161,5 @@ def decode_progress(data: bytes) -> ProgressBody:
     return _progress_decoder.decode(data)
 
 
-def decode_error(data: bytes) -> ErrorBody:
+def decode_error(data: bytes) -> ToolErrorBody:
     return _error_decoder.decode(data)

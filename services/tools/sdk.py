@@ -38,6 +38,8 @@ from services.tools.protocol import CallIds, ResultBody
 from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
 from shared import shaping, telemetry
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
+from shared.errors import LoopwireError
+from shared.errors import ToolError as ToolError
 from shared.events import RETRYABLE_OUTCOMES, RetryPolicy
 from shared.settings import Settings
 from shared.wiretypes import ToolErrorKind
@@ -47,15 +49,14 @@ log = logging.getLogger("loopwire.tools")
 _BLOCK_TYPES = (TextBlock, RefusalBlock, ThinkingBlock, ToolUseBlock, ImageBlock)
 
 
-class ToolError(Exception):
-    """Raise from a tool to return ``error: <message>`` to the model (an expected failure)."""
-
-
-class CallFailed(Exception):
+class CallFailed(LoopwireError):
     """Raise from a tool to end the call with an ``error`` reply of ``kind`` instead of a result:
     the call could not run here (``unavailable``: the tool's backend is down) or its backend died
     under it (``crashed``). Callers see ``error: tool unavailable: ...`` / ``error: tool crashed: ...``.
     """
+
+    # The tool protocol's error kind (ToolErrorBody.kind), not the loop API's ErrorKind.
+    kind: ToolErrorKind  # type: ignore[assignment]
 
     def __init__(self, kind: ToolErrorKind, message: str) -> None:
         super().__init__(message)

@@ -310,7 +310,7 @@ class Worker:
         t = next((t for t in self.tools if t.name == name), None)
         if t is None:  # removed by set_tools while the request was on its way
             if msg.reply:
-                gone = p.ErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
+                gone = p.ToolErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
                 await self._send(msg.reply, p.REPLY_ERROR, p.encode(gone))
             return
         tg.start_soon(self._handle, t, msg)
@@ -372,7 +372,7 @@ class Worker:
         if start_by is not None and p.now_ms() > start_by:
             # The caller's lease ended before the request got here (its sender was stopped, or the
             # request was delayed): another replica may own the step now, so never start it.
-            stale = p.ErrorBody(kind=p.ERROR_NOT_STARTED, message="arrived after its Lw-Start-By; not started")
+            stale = p.ToolErrorBody(kind=p.ERROR_NOT_STARTED, message="arrived after its Lw-Start-By; not started")
             await self._send(reply, p.REPLY_ERROR, p.encode(stale))
             return
         digest = args_digest(msg.data)
@@ -382,11 +382,11 @@ class Worker:
                 rec = await self.results.call(t.name, eid)
             except Exception as e:
                 log.warning("worker %s: results of %s unreadable", self.worker_id, t.name, exc_info=True)
-                why = p.ErrorBody(kind=p.ERROR_INTERNAL, message=f"result records unavailable ({type(e).__name__})")
+                why = p.ToolErrorBody(kind=p.ERROR_INTERNAL, message=f"result records unavailable ({type(e).__name__})")
                 await self._send(reply, p.REPLY_ERROR, p.encode(why))
                 return
             if rec is not None and rec.args_digest != digest:
-                refused = p.ErrorBody(
+                refused = p.ToolErrorBody(
                     kind=p.ERROR_REFUSED, message=f"execution {eid} was recorded with other arguments; not run"
                 )
                 await self._send(reply, p.REPLY_ERROR, p.encode(refused))
@@ -424,12 +424,12 @@ class Worker:
                     await self._record_done(t, eid, call, body)
         except Exception as e:  # a bug here must cost one call, never the worker
             log.exception("worker %s: call of %s failed", self.worker_id, t.name)
-            kind, body = p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
+            kind, body = p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
         except BaseException:
             # The worker itself is being cancelled (hard stop): tell the caller, then propagate.
             call.canceled = True
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                stopped = p.ErrorBody(kind=p.ERROR_CANCELED, message="worker stopped")
+                stopped = p.ToolErrorBody(kind=p.ERROR_CANCELED, message="worker stopped")
                 await self._finish(call, p.REPLY_ERROR, p.encode(stopped), (t.name, key) if key else None)
             raise
         finally:
@@ -462,7 +462,7 @@ class Worker:
         # worker) must not refuse the new run's call.
         if early is not None and time.monotonic() - early <= EARLY_CANCEL_SECONDS:
             call.canceled = True  # this attempt's reply only: _finish forgets it, a later attempt runs
-            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
+            return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
         if ids.execution_id and self.results is not None and not call.spec.rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
             await self._record(t, ids.execution_id, call, STARTED)
@@ -494,13 +494,15 @@ class Worker:
             tg.cancel_scope.cancel()
         send.close()
         if failed is not None:
-            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=failed.kind, message=failed.message))
+            return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=failed.kind, message=failed.message))
         if result is not None:
             return p.REPLY_RESULT, self._fit(result)
         ctx.cancel()
         if call.canceled:
-            return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_CANCELED, message="canceled"))
-        return p.REPLY_ERROR, p.encode(p.ErrorBody(kind=p.ERROR_TIMEOUT, message=f"deadline passed after {timeout:g}s"))
+            return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_CANCELED, message="canceled"))
+        return p.REPLY_ERROR, p.encode(
+            p.ToolErrorBody(kind=p.ERROR_TIMEOUT, message=f"deadline passed after {timeout:g}s")
+        )
 
     async def _record(self, t: Tool, eid: str, call: _Call, state: str, kind: str = "", body: bytes = b"") -> None:
         assert self.results is not None

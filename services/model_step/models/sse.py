@@ -11,12 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from shared.errors import SSEDecodeError as SSEDecodeError
+
 _EOL: Final = re.compile(rb"\r\n|\r|\n")
 MAX_EVENT_BYTES: Final = 16 * 1024 * 1024  # far above any real event; bounds a runaway line
-
-
-class SSEDecodeError(ValueError):
-    """The byte stream is not well-formed SSE."""
 
 
 @dataclass(frozen=True, slots=True)
