@@ -1,6 +1,6 @@
 import msgspec
 
-from services.tools import run_worker, tool
+from loopwire import run_worker, tool
 
 
 class Shout(msgspec.Struct):

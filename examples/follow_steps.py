@@ -4,11 +4,7 @@ import asyncio
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared.bus import connect
-from shared.codec import decode_event
-from shared.content import AIMessage, text_of, tool_uses
-from shared.events import StepDone
-from shared.settings import Settings
+from loopwire import AIMessage, Settings, StepDone, connect, decode_event, text_of, tool_uses
 
 
 async def main() -> None:
