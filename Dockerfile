@@ -12,6 +12,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY loopwire ./loopwire
 # tzdata: the clock tool's time zones do not depend on the base image's zoneinfo files.
 # mcp-server-time: the MCP server compose's mcp-time bridge starts.
 RUN pip install . tzdata "mcp-server-time==2026.10.19" \

@@ -131,7 +131,7 @@ def test_dockerfile_is_one_image_running_loopwire() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11", text, re.M)
     assert 'ENTRYPOINT ["loopwire"]' in text
-    for path in ("shared", "services", "pyproject.toml"):
+    for path in ("loopwire", "shared", "services", "pyproject.toml"):
         assert re.search(rf"^COPY .*\b{path}\b", text, re.M), path
     assert re.search(r"^USER (?!root)", text, re.M)
 
