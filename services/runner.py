@@ -1,4 +1,5 @@
-"""Run a service in the foreground: logging, SIGTERM/SIGINT → graceful stop, exit status."""
+"""Run one service (:mod:`services.lifecycle`) in the foreground of a process: logging, metrics,
+telemetry, SIGTERM/SIGINT → cancel → drain, the READY line, the exit status."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ import sys
 from collections.abc import Awaitable, Callable
 
 import anyio
+from anyio.abc import TaskStatus
 
+from services.lifecycle import Service, raise_single
 from shared import logfmt, metrics, telemetry
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
-
-# serve(settings, stop, ready): runs until ``stop`` is set; sets ``ready`` once it serves.
-ServeFn = Callable[[Settings, anyio.Event, anyio.Event], Awaitable[None]]
 
 
 def setup_logging(settings: Settings, name: str) -> None:
@@ -43,40 +43,47 @@ def event_loop_options(settings: Settings) -> dict[str, bool]:
     return {"use_uvloop": True}
 
 
-def run_service(name: str, serve: ServeFn, settings: Settings | None = None) -> int:
-    """Run ``serve(settings, stop, ready)`` until SIGTERM/SIGINT sets ``stop``; 0 on a graceful stop."""
-    settings = settings or Settings.from_env()
+def run_service(name: str, service: Service, settings: Settings) -> int:
+    """Run ``service`` until SIGTERM/SIGINT cancels it (then it drains); 0 on a graceful stop.
+
+    Prints ``READY`` on stdout once the service serves (``shared.procs`` waits for that line).
+    """
     setup_logging(settings, name)
     telemetry.configure(name)
     metrics.serve(settings.metrics_port)
+    log = logging.getLogger(name)
 
     async def main() -> None:
-        stop = anyio.Event()
-        ready = anyio.Event()
-        async with anyio.create_task_group() as tg:
+        # Signals are caught from the start: one during start-up stops the service once it is up.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tg:
 
-            async def on_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async def on_signals() -> None:
                     async for _ in signals:
-                        logging.getLogger(name).info("stopping (signal)")
-                        stop.set()
+                        log.info("stopping (signal)")
+                        tg.cancel_scope.cancel()
                         return
 
-            async def announce_ready() -> None:
-                await ready.wait()
-                # shared.procs waits for this line on stdout.
-                print(READY_LINE, flush=True)
-                logging.getLogger(name).info("ready")
+                async def serve(*, task_status: TaskStatus[None]) -> None:
+                    await service.run(task_status=task_status)
+                    tg.cancel_scope.cancel()  # it ended by itself
 
-            tg.start_soon(on_signals)
-            tg.start_soon(announce_ready)
-            await serve(settings, stop, ready)
-            tg.cancel_scope.cancel()
+                tg.start_soon(on_signals)
+                await tg.start(serve)
+                print(READY_LINE, flush=True)
+                log.info("ready")
 
     try:
-        anyio.run(main, backend_options=event_loop_options(settings))
+        anyio.run(_unwrapped, main, backend_options=event_loop_options(settings))
     except KeyboardInterrupt:
         return 130
     finally:
         telemetry.shutdown()
     return 0
+
+
+async def _unwrapped(main: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await main()
+    except BaseExceptionGroup as group:
+        raise_single(group)

@@ -404,18 +404,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_client(handler.split(":", 1)[1], args)
     if handler == "schema":
         return _run_schema(args)
-    if handler == "console":
-        from services.console.server import run_console
+    if handler in ("console", "serve"):
+        from services.cli import serve
 
-        return run_console(args, settings_from(args))
-    from services import embedded
+        run = serve.run_console if handler == "console" else serve.run_serve
+        return run(args, settings_from(args))
+    from services.cli import stack
 
     if handler == "demo":
-        return embedded.run_demo(args)
+        return stack.run_demo(args)
     if handler == "up":
-        return embedded.run_up(args)
-    if handler == "serve":
-        return embedded.run_serve(args)
+        return stack.run_up(args)
     raise AssertionError(handler)  # pragma: no cover
 
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .server import serve
+from .service import CommitterService
 
-__all__ = ["serve"]
+__all__ = ["CommitterService"]

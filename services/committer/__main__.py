@@ -8,7 +8,7 @@ import sys
 from services.runner import run_service
 from shared.settings import Settings
 
-from .server import serve
+from .service import CommitterService
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(None, **overrides)
     except ValueError as e:
         parser.error(str(e))
-    return run_service("committer", serve, settings)
+    return run_service("committer", CommitterService(settings), settings)
 
 
 if __name__ == "__main__":

@@ -41,10 +41,12 @@ import anyio
 import mcp_types as mt
 import msgspec
 import pydantic
+from anyio.abc import TaskStatus
 from mcp import Client, MCPError
 from mcp.client.session import IncomingMessage
 from nats.aio.client import Client as NATS
 
+from services.lifecycle import drain_on_cancel
 from services.mcp import mapping
 from services.mcp.connect import McpStartError, McpTarget, open_client
 from services.tools import protocol as p
@@ -84,7 +86,7 @@ class BridgedTool(Tool):
 
 
 class Bridge:
-    """Serve ``target``'s tools until :meth:`run`'s ``stop`` is set (then drain, then close the session)."""
+    """Serve ``target``'s tools until :meth:`run` is cancelled (then drain, then close the session)."""
 
     def __init__(
         self,
@@ -124,41 +126,61 @@ class Bridge:
 
     # --- life cycle --------------------------------------------------------------------------------
 
-    async def run(self, *, ready: anyio.Event | None = None, stop: anyio.Event | None = None) -> None:
-        stop = stop or anyio.Event()
-        worker_ready, worker_stop, worker_done, over = anyio.Event(), anyio.Event(), anyio.Event(), anyio.Event()
-        supervisor = anyio.CancelScope()
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled: then drain (calls in flight finish on the live session), then close
+        the session. Started once the first session is up; raises :class:`McpStartError` when it
+        never came up."""
+        await drain_on_cancel(self._serve, task_status=task_status)
+        if self.start_error is not None:
+            raise self.start_error
 
-        async def run_worker() -> None:
+    async def _serve(self, stop: anyio.Event, task_status: TaskStatus[None]) -> None:
+        up, over, moved = anyio.Event(), anyio.Event(), anyio.Event()
+        worker_done = anyio.Event()
+        worker, supervisor = anyio.CancelScope(), anyio.CancelScope()
+
+        def end() -> None:
+            over.set()
+            moved.set()
+
+        async def run_worker(*, task_status: TaskStatus[None]) -> None:
             try:
-                await self.worker.run(ready=worker_ready, stop=worker_stop)
+                with worker:
+                    await self.worker.run(task_status=task_status)
             finally:
                 worker_done.set()
-                over.set()
+                end()
 
         async def supervise() -> None:
             try:
                 with supervisor:
-                    await self._supervise(ready)
+                    await self._supervise(up)
             except McpStartError as e:
                 self.start_error = e
             finally:
-                over.set()
+                end()
+
+        async def on_up() -> None:
+            await up.wait()
+            moved.set()
 
         async def on_stop() -> None:
             await stop.wait()
-            over.set()
+            end()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_worker)
-            await worker_ready.wait()
+            await tg.start(run_worker)
             await self._registry.start()
             try:
                 tg.start_soon(supervise)
+                tg.start_soon(on_up)
                 tg.start_soon(on_stop)
+                await moved.wait()
+                if up.is_set():
+                    task_status.started()
                 await over.wait()
                 # Drain first (calls in flight finish on the live session), then close the session.
-                worker_stop.set()
+                worker.cancel()
                 await worker_done.wait()
                 supervisor.cancel()
                 tg.cancel_scope.cancel()
@@ -170,12 +192,12 @@ class Bridge:
         self._wake.set()
         self._wake = anyio.Event()
 
-    async def _supervise(self, ready: anyio.Event | None) -> None:
+    async def _supervise(self, up: anyio.Event) -> None:
         failures = 0
         while True:
             began = time.monotonic()
             try:
-                await self._session(ready)
+                await self._session(up)
             except McpStartError as e:
                 if not self._ever_up:
                     raise
@@ -193,7 +215,7 @@ class Bridge:
             await anyio.sleep(delay)
             self.restarts += 1
 
-    async def _session(self, ready: anyio.Event | None) -> None:
+    async def _session(self, up: anyio.Event) -> None:
         """One session, from start to loss. Returns when the server exited or stopped answering."""
         self._lost = self._list_changed = False
         what = self.target.describe()
@@ -210,8 +232,7 @@ class Bridge:
                 await self.worker.set_healthy(True)
                 log.info("MCP server %s up (%s)", self.target.name, what)
                 self._ever_up = True  # from now on, failures are restarts, not start errors
-                if ready is not None:
-                    ready.set()
+                up.set()
                 await self._watch(client)
                 self._client = None
                 await self.worker.set_healthy(False)

@@ -5,16 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import anyio
-
 from services.runner import run_service
 from shared.settings import ENV_VARS, Settings
-
-
-async def _serve(settings: Settings, stop: anyio.Event, ready: anyio.Event) -> None:
-    from services.model_step.service import serve
-
-    await serve(settings, stop=stop, ready=ready)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(k for k in ENV_VARS if k.startswith(("LW_NATS", "LW_PREFIX", "LW_MODEL", "LW_LEASE"))),
     )
     parser.parse_args(argv)
-    return run_service("model-step", _serve)
+    from services.model_step.service import ModelStepService
+
+    settings = Settings.from_env()
+    return run_service("model-step", ModelStepService(settings), settings)
 
 
 if __name__ == "__main__":

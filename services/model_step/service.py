@@ -14,6 +14,8 @@ from typing import Any, Final
 import anyio
 import nats.errors
 import nats.js.errors
+from anyio.abc import TaskStatus
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
@@ -72,69 +74,112 @@ async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
             await anyio.sleep(0.5)
 
 
-async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: anyio.Event | None = None) -> None:
-    """Run one model-step replica until ``stop`` is set (or the task is cancelled)."""
-    from services.tools.executor import make_executor
-    from services.tools.registry import ToolRegistry
+class ModelStepService:
+    """One model-step replica: pulls work items, leases their loops and drives them."""
 
-    names = settings.names
-    leases: Leases | None = None
+    _nc: NATS  # set once started
+    _driver: LoopDriver
 
-    async def on_disconnect() -> None:
-        # Other replicas may take our loops over as soon as our connection is gone (see lease.py).
-        if leases is not None:
-            leases.give_up_all("given up: the NATS connection was lost")
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self._leases: Leases | None = None
+        self._models: dict[str, Any] = {}
+        self._slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
+        self._tick = work_ack_wait(settings) / 4
+        # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
+        self._busy: set[str] = set()
 
-    nc = await connect(settings, name="model-step", disconnected_cb=on_disconnect)
-    js = nc.jetstream()
-    registry = ToolRegistry(nc, names, replicas=settings.replicas)
-    puller = WorkPuller(nc, names)
-    try:
-        kv = await _start_up(js, settings, registry)
-        leases = Leases(nc, kv, names, settings.lease_ttl_seconds)
-        await leases.start()
-        await puller.start()
-    except BaseException:
-        # Close what was opened, so a replica that cannot start exits instead of lingering half-started.
-        with anyio.CancelScope(shield=True):
-            with contextlib.suppress(Exception):
-                await registry.stop()
-            with contextlib.suppress(Exception):
-                await nc.close()
-        raise
-    models_cache: dict[str, Any] = {}
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
+        from services.tools.executor import make_executor
+        from services.tools.registry import ToolRegistry
 
-    def model_for(spec: str) -> Any:
-        if spec not in models_cache:
-            models_cache[spec] = resolve_model(spec, settings)
-        return models_cache[spec]
-
-    driver = LoopDriver(
-        nc=nc,
-        settings=settings,
-        commits=CommitClient(nc, names),
-        models=model_for,
-        tools=registry,
-        execute=make_executor(nc, names, registry, settings),
-        results=ResultStore(nc, names),
-    )
-    slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
-    stop = stop or anyio.Event()
-    tick = work_ack_wait(settings) / 4
-    # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
-    busy: set[str] = set()
-
-    async def handle(msg: Msg) -> None:
+        settings, names = self.settings, self.names
+        nc = await connect(settings, name="model-step", disconnected_cb=self._on_disconnect)
+        registry = ToolRegistry(nc, names, replicas=settings.replicas)
+        puller = WorkPuller(nc, names)
         try:
-            await _handle(msg)
+            kv = await _start_up(nc.jetstream(), settings, registry)
+            leases = self._leases = Leases(nc, kv, names, settings.lease_ttl_seconds)
+            await leases.start()
+            await puller.start()
+        except BaseException:
+            # Close what was opened, so a replica that cannot start exits instead of lingering half-started.
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await registry.stop()
+                with contextlib.suppress(Exception):
+                    await nc.close()
+            raise
+        self._nc = nc
+        self._driver = LoopDriver(
+            nc=nc,
+            settings=settings,
+            commits=CommitClient(nc, names),
+            models=self._model_for,
+            tools=registry,
+            execute=make_executor(nc, names, registry, settings),
+            results=ResultStore(nc, names),
+        )
+        task_status.started()
+        try:
+            await self._pull_loop(puller)
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await registry.stop()
+                with contextlib.suppress(Exception):
+                    await leases.stop()
+                # Items delivered to our inbox but never handled (cut short by the stop) come back to
+                # another replica after the ack wait.
+                await puller.close()
+                with contextlib.suppress(Exception):
+                    await nc.drain()
+
+    async def _on_disconnect(self) -> None:
+        # Other replicas may take our loops over as soon as our connection is gone (see lease.py).
+        if self._leases is not None:
+            self._leases.give_up_all("given up: the NATS connection was lost")
+
+    def _model_for(self, spec: str) -> Any:
+        if spec not in self._models:
+            self._models[spec] = resolve_model(spec, self.settings)
+        return self._models[spec]
+
+    async def _pull_loop(self, puller: WorkPuller) -> None:
+        slots = self._slots
+        async with anyio.create_task_group() as tg:
+            while True:
+                await slots.acquire()
+                free = 1
+                while slots.value > 0 and free < 64:
+                    await slots.acquire()
+                    free += 1
+                # Wait for ONE item, start it, then top up the other free slots with what is already
+                # queued, never asking for more items than there are free slots.
+                msgs = await puller.pull(1, wait=PULL_WAIT_SECONDS)
+                if msgs and free > 1:
+                    msgs += await puller.pull(free - 1)
+                for m in msgs[:free]:
+                    tg.start_soon(self._handle, m)
+                for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
+                    with contextlib.suppress(Exception):
+                        await m.nak()
+                for _ in range(free - min(free, len(msgs))):
+                    slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            await self._handle_item(msg)
         except Exception:
             log.exception("work item %s failed; retrying later", msg.subject)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
-            slots.release()
+            self._slots.release()
 
-    async def look_again(loop_id: str) -> None:
+    async def _look_again(self, loop_id: str) -> None:
         """After the ack: queue a work item if the loop has work again (no lost wake-ups).
 
         A signal that arrived while ours was pending replaced it (and was acked with it), so look
@@ -143,10 +188,11 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
         failed look must not end here (a leader election makes reads fail for seconds): signal
         anyway (a spare signal costs one look) and keep trying until one of the two succeeds.
         """
+        nc, names = self._nc, self.names
         deadline = anyio.current_time() + LOOK_AGAIN_SECONDS
         while True:
             try:
-                h = await load(nc, names, loop_id, driver.cache.get(loop_id))
+                h = await load(nc, names, loop_id, self._driver.cache.get(loop_id))
                 if next_action(h).action is not Action.NONE:
                     await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
@@ -161,24 +207,25 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
                     return
             await anyio.sleep(0.5)
 
-    async def _handle(msg: Msg) -> None:
-        loop_id = names.loop_of_work(msg.subject)
-        if loop_id in busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
+    async def _handle_item(self, msg: Msg) -> None:
+        loop_id = self.names.loop_of_work(msg.subject)
+        if loop_id in self._busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
             await msg.nak(delay=BUSY_NAK_SECONDS)
             return
-        busy.add(loop_id)
+        self._busy.add(loop_id)
         if metrics.ENABLED:
             with contextlib.suppress(Exception):  # a pull reply's metadata says how many wait behind it
                 metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
         metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
             with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
-                await _drive_item(msg, loop_id)
+                await self._drive_item(msg, loop_id)
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
-            busy.discard(loop_id)
+            self._busy.discard(loop_id)
 
-    async def _drive_item(msg: Msg, loop_id: str) -> None:
+    async def _drive_item(self, msg: Msg, loop_id: str) -> None:
+        leases = self._leases
         assert leases is not None
         lease = await leases.acquire(loop_id)
         if lease is None:
@@ -187,13 +234,13 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
         try:
             async with anyio.create_task_group() as tg:
                 lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
-                tg.start_soon(partial(keep, lease, tick=tick, in_progress=msg.in_progress))
+                tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
                 try:
-                    await driver.drive(loop_id, lease)
+                    await self._driver.drive(loop_id, lease)
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     await msg.ack()
-                    await look_again(loop_id)
+                    await self._look_again(loop_id)
                 except LeaseLost:
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)
                 tg.cancel_scope.cancel()
@@ -201,43 +248,3 @@ async def serve(settings: Settings, *, ready: anyio.Event | None = None, stop: a
             leases.forget(lease)
             with anyio.CancelScope(shield=True):
                 await lease.release()
-
-    if ready is not None:
-        ready.set()
-    try:
-        async with anyio.create_task_group() as tg:
-
-            async def watch_stop() -> None:
-                await stop.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_stop)
-            while True:
-                await slots.acquire()
-                free = 1
-                while slots.value > 0 and free < 64:
-                    await slots.acquire()
-                    free += 1
-                # Wait for ONE item, start it, then top up the other free slots with what is already
-                # queued, never asking for more items than there are free slots.
-                msgs = await puller.pull(1, wait=PULL_WAIT_SECONDS)
-                if msgs and free > 1:
-                    msgs += await puller.pull(free - 1)
-                for m in msgs[:free]:
-                    tg.start_soon(handle, m)
-                for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
-                    with contextlib.suppress(Exception):
-                        await m.nak()
-                for _ in range(free - min(free, len(msgs))):
-                    slots.release()
-    finally:
-        with anyio.CancelScope(shield=True):
-            with contextlib.suppress(Exception):
-                await registry.stop()
-            with contextlib.suppress(Exception):
-                await leases.stop()
-            # Items delivered to our inbox but never handled (cut short by the stop) come back to
-            # another replica after the ack wait.
-            await puller.close()
-            with contextlib.suppress(Exception):
-                await nc.drain()

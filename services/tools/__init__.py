@@ -6,7 +6,7 @@ from services.tools import tool, run_worker
 from __future__ import annotations
 
 from services.tools.sdk import Tool, ToolContext, ToolError, ToolOutput, tool
-from services.tools.serve import run_worker, serve, serve_tools
+from services.tools.service import ToolService, run_worker
 from services.tools.spec import ToolSpec
 
 __all__ = [
@@ -14,9 +14,8 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutput",
+    "ToolService",
     "ToolSpec",
     "run_worker",
-    "serve",
-    "serve_tools",
     "tool",
 ]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import anyio
-
 from services.runner import run_service
 from services.tools.builtins import BUILTINS
-from services.tools.serve import resolve_tools, serve
+from services.tools.service import ToolService, resolve_tools
 from shared.settings import ENV_VARS, Settings
 
 
@@ -43,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, AttributeError) as e:
         parser.error(str(e))
     settings = Settings.from_env()
-
-    async def run(st: Settings, stop: anyio.Event, ready: anyio.Event) -> None:
-        await serve(tools, st, stop=stop, ready=ready)
-
-    return run_service("tools", run, settings)
+    return run_service("tools", ToolService(tools, settings), settings)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ runs, the worker sends a progress reply every ``heartbeat_seconds``; it cancels 
 request's deadline (``error`` reply ``timeout``) or on ``<prefix>.toolctl.<execution_id>``
 (``error`` reply ``canceled``).
 
-Graceful stop (``stop`` event, e.g. SIGTERM): drain the subscriptions (no new calls are taken;
+Graceful stop (:meth:`Worker.run` cancelled, e.g. on SIGTERM): drain the subscriptions (no new calls are taken;
 calls already delivered to this process still run), delete the registrations, wait for every
 in-flight call to answer, then return.
 
@@ -46,13 +46,14 @@ from typing import Final, TypeVar
 
 import anyio
 import msgspec
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from services.lifecycle import drain_on_cancel
 from services.tools import protocol as p
 from services.tools import tracing as tool_tracing
 from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
@@ -95,7 +96,7 @@ class _Call:
 
 
 class Worker:
-    """Serve ``tools`` on ``nc`` until :meth:`run`'s ``stop`` event is set (then drain) or cancelled."""
+    """Serve ``tools`` on ``nc`` until :meth:`run` is cancelled (then drain)."""
 
     def __init__(
         self,
@@ -131,8 +132,8 @@ class Worker:
 
     # --- life cycle --------------------------------------------------------------------------------
 
-    async def run(self, *, ready: anyio.Event | None = None, stop: anyio.Event | None = None) -> None:
-        stop = stop or anyio.Event()
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, then drain (see the module's docstring); started once registered."""
         kv = await self._retrying(
             "tools bucket", partial(ensure_tools_bucket, self.nc.jetstream(), self.names, self.settings.replicas)
         )
@@ -147,6 +148,9 @@ class Worker:
                     ttl=self.settings.results_ttl_seconds,
                 ),
             )
+        await drain_on_cancel(partial(self._serve, kv), task_status=task_status)
+
+    async def _serve(self, kv: KeyValue, stop: anyio.Event, task_status: TaskStatus[None]) -> None:
         subs = self._subs
         ctl: Subscription | None = None
         alive: Subscription | None = None
@@ -167,8 +171,7 @@ class Worker:
                     log.info(
                         "worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools) or "no tools yet"
                     )
-                    if ready is not None:
-                        ready.set()
+                    task_status.started()
                     await stop.wait()
                     log.info("worker %s draining", self.worker_id)
                     refresher.cancel()

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import anyio
 from nats.aio.client import Client as NATS
 
-from services.committer import serve
+from services.committer import CommitterService
 from shared.bus import StoredMsg, direct_get_batch
 from shared.content import Usage, ai_text, user_text
 from shared.events import Cause, Event, InputSubmitted, LoopStarted, StepDone, TurnDone, TurnStarted, make
@@ -20,15 +20,13 @@ from shared.subjects import H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ
 @asynccontextmanager
 async def running_committer(settings: Settings) -> AsyncIterator[None]:
     """A committer serving ``settings`` in this process until the block exits (graceful stop)."""
-    stop, ready = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, settings, stop, ready)
         with anyio.fail_after(30):
-            await ready.wait()
+            await tg.start(CommitterService(settings).run)
         try:
             yield
         finally:
-            stop.set()
+            tg.cancel_scope.cancel()  # it drains
 
 
 def new_id() -> str:

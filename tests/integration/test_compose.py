@@ -29,7 +29,7 @@ import yaml
 from services.cli.app import parse_args
 from services.cli.commands import wait_for_turn
 from services.tools.builtins import BUILTINS
-from services.tools.serve import resolve_tools
+from services.tools.service import resolve_tools
 from shared.bus import connect
 from shared.client import LoopClient
 from shared.natsserver import NatsServer, server_binary

@@ -39,22 +39,14 @@ async def bridged(
     nc: NATS, settings: Settings, name: str, command: list[str], **options: float
 ) -> AsyncIterator[Bridge]:
     bridge = Bridge(McpTarget(name=name, command=tuple(command)), settings, nc, **options)
-    ready = anyio.Event()
-    stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-
-        async def run() -> None:
-            await bridge.run(ready=ready, stop=stop)
-            ready.set()  # ended early: the assertion below says why
-
-        tg.start_soon(run)
         with anyio.fail_after(30):
-            await ready.wait()
+            await tg.start(bridge.run)  # raises McpStartError when it ended early
         assert bridge.start_error is None, bridge.start_error
         try:
             yield bridge
         finally:
-            stop.set()
+            tg.cancel_scope.cancel()  # it drains
 
 
 @asynccontextmanager
@@ -280,11 +272,8 @@ async def test_bad_listing_keeps_the_good_tools(nc: NATS, settings: Settings, pr
         pass
 
     owner = tool(name="probe_pid", description="owns the name", input=NoArgs)(lambda args: "sdk")
-    stop = anyio.Event()
-    ready = anyio.Event()
     async with registry(nc, settings) as reg, anyio.create_task_group() as tg:
-        tg.start_soon(lambda: Worker([owner], settings, nc).run(ready=ready, stop=stop))
-        await ready.wait()
+        await tg.start(Worker([owner], settings, nc).run)
         await reg.wait_for("probe_pid")
         async with bridged(nc, settings, "probe", probe_command("--bad")) as bridge:
             await reg.wait_for("probe_count")
@@ -297,7 +286,7 @@ async def test_bad_listing_keeps_the_good_tools(nc: NATS, settings: Settings, pr
             assert reg.get("probe_pid").source == ""  # type: ignore[union-attr]
             assert text(await call(nc, settings, "probe_pid", {})) == "sdk"
             assert text(await call(nc, settings, "probe_count", {})) == "1"
-        stop.set()
+        tg.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize(
@@ -313,8 +302,9 @@ async def test_start_errors_register_nothing(nc: NATS, settings: Settings, comma
     async with registry(nc, settings) as reg:
         bridge = Bridge(McpTarget(name="bad", command=tuple(command)), settings, nc, init_timeout=2)
         began = time.monotonic()
-        with anyio.fail_after(15):
+        with anyio.fail_after(15), pytest.raises(McpStartError) as raised:
             await bridge.run()
+        assert raised.value is bridge.start_error
         assert isinstance(bridge.start_error, McpStartError)
         assert expected in str(bridge.start_error)
         assert time.monotonic() - began < 10
@@ -378,11 +368,9 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
     try:
         target = McpTarget(name="web", url=f"http://127.0.0.1:{port}/mcp", headers={"X-Loopwire-Test": "1"})
         bridge = Bridge(target, settings, nc, ping_interval=0.3, ping_timeout=2, backoff_max=0.5)
-        ready, stop = anyio.Event(), anyio.Event()
         async with registry(nc, settings) as reg, anyio.create_task_group() as tg:
-            tg.start_soon(lambda: bridge.run(ready=ready, stop=stop))
             with anyio.fail_after(20):
-                await ready.wait()
+                await tg.start(bridge.run)
             assert (await reg.wait_for("web_echo")).source == "mcp:web"
             assert text(await call(nc, settings, "web_echo", {"message": "over http"})) == "Echo: over http"
             progress: list[str] = []
@@ -410,7 +398,7 @@ async def test_streamable_http_server_and_its_restart(nc: NATS, settings: Settin
             server = start_everything_http(port)
             await reg.wait_until(lambda r: (t := r.get("web_echo")) is not None and t.healthy, timeout=15)
             assert text(await call(nc, settings, "web_echo", {"message": "again"})) == "Echo: again"
-            stop.set()
+            tg.cancel_scope.cancel()
     finally:
         server.kill()
         server.wait()

@@ -6,7 +6,6 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 
 import anyio
 import msgspec
@@ -18,7 +17,7 @@ from services.tools.builtins import BUILTINS
 from services.tools.protocol import CallIds, now_ms, request_headers
 from services.tools.registry import ToolRegistry, ensure_tools_bucket
 from services.tools.sdk import Tool, ToolContext, tool
-from services.tools.serve import serve
+from services.tools.service import ToolService
 from services.tools.spec import Registration
 from shared.content import TextBlock
 from shared.settings import Settings
@@ -50,12 +49,10 @@ def fast(settings: Settings) -> Settings:
 @asynccontextmanager
 async def worker(settings: Settings, tools: Sequence[Tool]) -> AsyncIterator[None]:
     async with anyio.create_task_group() as tg:
-        ready, stop = anyio.Event(), anyio.Event()
-        tg.start_soon(partial(serve, list(tools), settings, ready=ready, stop=stop))
         with anyio.fail_after(10):
-            await ready.wait()
+            await tg.start(ToolService(tools, settings).run)
         yield
-        stop.set()
+        tg.cancel_scope.cancel()  # it drains
 
 
 def ids(key: str = "") -> CallIds:
@@ -229,14 +226,12 @@ async def test_worker_tool_set_and_health_change_while_serving(nc: NATS, fast: S
         raise CallFailed("unavailable", "backend restarting")
 
     w = Worker([], fast, nc, allow_empty=True)
-    ready, stop = anyio.Event(), anyio.Event()
     async with (
         ToolRegistry(nc, fast.names) as reg,
         cl.ToolClient(nc, fast.names) as client,
         anyio.create_task_group() as tg,
     ):
-        tg.start_soon(partial(w.run, ready=ready, stop=stop))
-        await ready.wait()
+        await tg.start(w.run)
         assert reg.live() == []
         await w.set_tools([work, down])
         await reg.wait_for("down")
@@ -259,4 +254,4 @@ async def test_worker_tool_set_and_health_change_while_serving(nc: NATS, fast: S
         await reg.wait_gone("work")
         gone = await client.call("work", b'{"tag": "g"}', ids=ids(), timeout=5)
         assert gone.status == cl.UNAVAILABLE and not gone.worker_id  # unsubscribed: no responders
-        stop.set()
+        tg.cancel_scope.cancel()

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import random
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from services.tools.builtins import BUILTINS
 from services.tools.builtins.calculator import evaluate
 from services.tools.protocol import CallIds, ResultBody
 from services.tools.sdk import ToolContext, ToolError, invoke
-from services.tools.serve import serve
+from services.tools.service import ToolService
 from shared.content import TextBlock
 from shared.settings import Settings
 
@@ -144,9 +143,7 @@ async def test_fuzz_builtins_directly(nc: NATS, fuzz_settings: Settings) -> None
 async def test_fuzz_builtins_over_nats(nc: NATS, fuzz_settings: Settings) -> None:
     """Through a real worker: every call ends ok (or timed out), the worker never stops answering."""
     async with anyio.create_task_group() as tg:
-        ready, stop = anyio.Event(), anyio.Event()
-        tg.start_soon(partial(serve, list(BUILTINS.values()), fuzz_settings, ready=ready, stop=stop))
-        await ready.wait()
+        await tg.start(ToolService(list(BUILTINS.values()), fuzz_settings).run)
         async with cl.ToolClient(nc, fuzz_settings.names, heartbeat_seconds=0.2) as client:
             statuses: list[str] = []
 
@@ -164,7 +161,7 @@ async def test_fuzz_builtins_over_nats(nc: NATS, fuzz_settings: Settings) -> Non
             assert len(statuses) == 25 * len(VALID)
             out = await client.call("calculator", b'{"expression": "6*7"}', ids=CallIds(), timeout=2)
             assert out.result is not None and msgspec.json.encode(out.result.blocks) == b'[{"type":"text","text":"42"}]'
-        stop.set()
+        tg.cancel_scope.cancel()
 
 
 @hsettings(max_examples=300, deadline=None)

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from services import embedded
-from services.cli import build_parser, main
+from services.cli import build_parser, main, stack
 from services.cli.commands import TurnTracker, parse_policy, parse_retries, safety_of
 from services.cli.errors import CliError
 from services.cli.live import LoopView
@@ -154,8 +154,8 @@ def test_builtin_tool_list_matches_the_registry() -> None:
 
 def test_demo_tool_list_is_checked() -> None:
     with pytest.raises(CliError, match="unknown built-in tool"):
-        embedded._tool_list("calculator,nope")
-    assert embedded._tool_list("clock, calculator") == ["clock", "calculator"]
+        stack._tool_list("calculator,nope")
+    assert stack._tool_list("clock, calculator") == ["clock", "calculator"]
 
 
 # --- rendering ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from services.console import rules
 from services.console.rules import LoopSummary
-from services.console.server import check_binding
+from services.console.service import check_binding
 from shared.content import Usage, ai_text, user_text
 from shared.events import (
     Cause,

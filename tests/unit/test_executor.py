@@ -7,7 +7,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import anyio
@@ -20,7 +19,7 @@ from services.tools.client import ToolClient
 from services.tools.executor import PlannedCall, run_batch
 from services.tools.registry import ToolRegistry
 from services.tools.sdk import Tool, ToolContext, ToolError, tool
-from services.tools.serve import serve
+from services.tools.service import ToolService
 from services.tools.spec import ToolSpec
 from shared import shaping
 from shared.content import TextBlock, ToolResultMessage
@@ -69,16 +68,11 @@ slow = tool(name="slow", timeout=0.3, description="times out")(_probe)
 @asynccontextmanager
 async def workers(settings: Settings, *groups: Sequence[Tool]) -> AsyncIterator[None]:
     async with anyio.create_task_group() as tg:
-        stops = []
         for tools in groups:
-            ready, stop = anyio.Event(), anyio.Event()
-            stops.append(stop)
-            tg.start_soon(partial(serve, list(tools), settings, ready=ready, stop=stop))
             with anyio.fail_after(10):
-                await ready.wait()
+                await tg.start(ToolService(tools, settings).run)
         yield
-        for stop in stops:
-            stop.set()
+        tg.cancel_scope.cancel()  # each worker drains
 
 
 @dataclasses.dataclass

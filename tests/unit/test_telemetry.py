@@ -19,7 +19,7 @@ def test_tracing_is_off_without_an_otlp_endpoint_and_never_loads_the_sdk() -> No
     code = (
         "import sys, os\n"
         "from shared import telemetry\n"
-        "import services.model_step.driver, services.committer.server, services.tools.worker\n"
+        "import services.model_step.driver, services.committer.service, services.tools.worker\n"
         "assert telemetry.configure('x') is False\n"
         "assert not [m for m in sys.modules if m.startswith('opentelemetry.sdk')], 'SDK loaded'\n"
         "assert telemetry.traceparent() == '' and telemetry.headers_or_none(None) is None\n"

@@ -1,5 +1,6 @@
-"""Entry points that run tool workers: :func:`serve` / :func:`serve_tools` (async, for the CLI and
-embedded mode) and :func:`run_worker` (blocking, for a tool author's script)."""
+"""Tool-worker entry points: :class:`ToolService` (one worker on its own connection, for
+``python -m services.tools``, ``loopwire serve tool`` and embedding) and :func:`run_worker`
+(blocking, for a tool author's script)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import importlib
 from collections.abc import Sequence
 
 import anyio
+import nats.errors
+from anyio.abc import TaskStatus
 
-from services.runner import run_service
 from services.tools.sdk import Tool
 from services.tools.worker import Worker
 from shared.bus import connect
@@ -37,32 +39,28 @@ def resolve_tools(specs: Sequence[str]) -> list[Tool]:
     return out
 
 
-async def serve(
-    tools: Sequence[Tool],
-    settings: Settings,
-    *,
-    ready: anyio.Event | None = None,
-    stop: anyio.Event | None = None,
-) -> None:
-    """Serve ``tools`` until ``stop`` is set (graceful drain) or the task is cancelled."""
-    label = ",".join(t.name for t in tools)
-    nc = await connect(settings, name=f"tool-worker:{label}"[:128])
-    try:
-        await Worker(tools, settings, nc).run(ready=ready, stop=stop)
-    finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await nc.close()
+class ToolService:
+    """Serve ``tools`` as one :class:`~services.tools.worker.Worker` on a connection of its own."""
 
+    def __init__(self, tools: Sequence[Tool], settings: Settings) -> None:
+        self.tools = list(tools)
+        self.settings = settings
 
-async def serve_tools(
-    names: list[str],
-    settings: Settings,
-    *,
-    ready: anyio.Event | None = None,
-    stop: anyio.Event | None = None,
-) -> None:
-    """Serve built-in tools by name (``loopwire serve tool NAME``); ``module:attr`` also works."""
-    await serve(resolve_tools(names), settings, ready=ready, stop=stop)
+    @property
+    def label(self) -> str:
+        return ",".join(t.name for t in self.tools)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, then drain (calls in flight answer first)."""
+        nc = await connect(self.settings, name=f"tool-worker:{self.label}"[:128])
+        try:
+            await Worker(self.tools, self.settings, nc).run(task_status=task_status)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await nc.drain()
+                except nats.errors.Error:
+                    await nc.close()
 
 
 def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: Settings | None = None) -> int:
@@ -71,12 +69,9 @@ def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: 
     Configuration comes from the environment (``LW_NATS_URL``, ``LW_PREFIX``, ...); ``nats_url``
     overrides the server list.
     """
+    from services.runner import run_service
+
     s = settings or Settings.from_env()
     if nats_url:
         s = dataclasses.replace(s, nats_urls=tuple(u.strip() for u in nats_url.split(",") if u.strip()))
-    tool_list = list(tools)
-
-    async def main(st: Settings, stop: anyio.Event, ready: anyio.Event) -> None:
-        await serve(tool_list, st, stop=stop, ready=ready)
-
-    return run_service("tools", main, s)
+    return run_service("tools", ToolService(tools, s), s)

@@ -1,0 +1,82 @@
+"""``loopwire serve ...`` and ``loopwire console``: one service in the foreground (services.runner).
+
+The embedded mode starts each of its services as ``python -m services.cli serve ...``, so this is
+also the entry a container runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from services.cli.errors import CliError
+from services.runner import run_service
+from shared.settings import Settings
+
+
+def run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    if args.service == "committer":
+        from services.committer.service import CommitterService
+
+        if args.replicas:
+            settings = Settings.from_env(
+                None, nats_urls=settings.nats_urls, prefix=settings.prefix, replicas=args.replicas
+            )
+        return run_service("committer", CommitterService(settings), settings)
+    if args.service == "model-step":
+        from services.model_step.service import ModelStepService
+
+        return run_service("model-step", ModelStepService(settings), settings)
+    if args.service == "mcp":
+        return _run_serve_mcp(args, settings)
+    from services.tools.service import ToolService, resolve_tools
+
+    if any(":" in spec for spec in args.tools) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # module:attr resolves from here, as with `python -m`
+    try:
+        tools = resolve_tools(args.tools)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise CliError(f"cannot load tool: {e}") from None
+    service = ToolService(tools, settings)
+    return run_service(f"tool:{service.label}", service, settings)
+
+
+def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from services.mcp.connect import McpStartError, McpTarget, headers_from_env
+    from services.mcp.mapping import valid_server_name
+    from services.mcp.service import McpService
+
+    command = list(args.command)
+    if not valid_server_name(args.name):
+        raise CliError(f"invalid MCP server name {args.name!r}: use 1-40 of A-Z a-z 0-9 - (no '_')")
+    if bool(command) == bool(args.url):
+        raise CliError("give the MCP server as -- COMMAND [ARGS...] or as --url URL (exactly one)")
+    if args.header_env and not args.url:
+        raise CliError("--header-env needs --url")
+    if args.timeout is not None and not args.timeout > 0:
+        raise CliError("--timeout must be > 0 seconds")
+    try:
+        headers = headers_from_env(args.header_env)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    target = McpTarget(name=args.name, command=tuple(command), url=args.url or "", headers=headers)
+    service = McpService(target, settings, timeout_seconds=args.timeout, init_timeout=args.init_timeout)
+    try:
+        return run_service(f"mcp:{args.name}", service, settings)
+    except McpStartError as e:
+        raise CliError(str(e)) from None
+
+
+def run_console(args: argparse.Namespace, settings: Settings) -> int:
+    from services.console.service import TOKEN_VAR, ConsoleService, ConsoleStartError, check_binding
+
+    token = os.environ.get(TOKEN_VAR, "")
+    problem = check_binding(args.host, token)
+    if problem:
+        raise CliError(problem)
+    service = ConsoleService(settings, host=args.host, port=args.port, token=token)
+    try:
+        return run_service("console", service, settings)
+    except ConsoleStartError as e:
+        raise CliError(str(e)) from None
