@@ -7,10 +7,9 @@ import importlib.util
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-from anyio.abc import TaskStatus
 
 from services.lifecycle import Service, raise_single
 from shared import logfmt, metrics, telemetry
@@ -54,24 +53,17 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
     log = logging.getLogger(name)
 
     async def main() -> None:
-        # Signals are caught from the start: one during start-up stops the service once it is up.
+        # Caught from the start: a signal during start-up stops the service too (never abruptly).
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as tg:
-
-                async def on_signals() -> None:
-                    async for _ in signals:
-                        log.info("stopping (signal)")
-                        tg.cancel_scope.cancel()
-                        return
-
-                async def serve(*, task_status: TaskStatus[None]) -> None:
-                    await service.run(task_status=task_status)
-                    tg.cancel_scope.cancel()  # it ended by itself
-
-                tg.start_soon(on_signals)
-                await tg.start(serve)
-                print(READY_LINE, flush=True)
-                log.info("ready")
+            stop = anyio.CancelScope()
+            async with anyio.create_task_group() as watcher:
+                watcher.start_soon(_cancel_on_signal, signals, stop, log)
+                with stop:
+                    async with anyio.create_task_group() as tg:
+                        await tg.start(service.run)
+                        print(READY_LINE, flush=True)
+                        log.info("ready")
+                watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
 
     try:
         anyio.run(_unwrapped, main, backend_options=event_loop_options(settings))
@@ -80,6 +72,13 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
     finally:
         telemetry.shutdown()
     return 0
+
+
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: anyio.CancelScope, log: logging.Logger) -> None:
+    async for _ in signals:
+        log.info("stopping (signal)")
+        scope.cancel()
+        return
 
 
 async def _unwrapped(main: Callable[[], Awaitable[None]]) -> None:

@@ -186,7 +186,7 @@ class Worker:
                 outer.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                if self._registered:  # cancelled from outside: still deregister
+                if self._registered:  # failed while serving: still deregister
                     await self._deregister(kv)
                 for sub in subs.values():
                     await _quietly_unsubscribe(sub)
