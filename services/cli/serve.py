@@ -69,7 +69,8 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_console(args: argparse.Namespace, settings: Settings) -> int:
-    from services.console.service import TOKEN_VAR, ConsoleService, ConsoleStartError, check_binding
+    from services.console.service import TOKEN_VAR, ConsoleService, check_binding
+    from shared.errors import ServiceStartError
 
     token = os.environ.get(TOKEN_VAR, "")
     problem = check_binding(args.host, token)
@@ -78,5 +79,5 @@ def run_console(args: argparse.Namespace, settings: Settings) -> int:
     service = ConsoleService(settings, host=args.host, port=args.port, token=token)
     try:
         return run_service("console", service, settings)
-    except ConsoleStartError as e:
+    except ServiceStartError as e:
         raise CliError(str(e)) from None

@@ -13,15 +13,12 @@ from anyio.abc import TaskStatus
 
 from services.console.rules import is_loopback
 from services.lifecycle import drain_on_cancel
+from shared.errors import ServiceStartError
 from shared.settings import Settings
 
 TOKEN_VAR: Final = "LW_CONSOLE_TOKEN"
 # Open pages hold event streams; on a stop they are cut after this long (the pages reconnect).
 GRACEFUL_SECONDS: Final = 1
-
-
-class ConsoleStartError(RuntimeError):
-    """uvicorn stopped before it served (e.g. the port is taken)."""
 
 
 class _Server(uvicorn.Server):
@@ -54,7 +51,7 @@ class ConsoleService:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled (open event streams are cut after ``GRACEFUL_SECONDS``); raises
-        :class:`ConsoleStartError` when uvicorn stops before it serves."""
+        :class:`~shared.errors.ServiceStartError` when uvicorn stops before it serves (e.g. the port is taken)."""
         await drain_on_cancel(self._serve, task_status=task_status)
 
     async def _serve(self, stop: anyio.Event, task_status: TaskStatus[None]) -> None:
@@ -89,4 +86,4 @@ class ConsoleService:
             await stop.wait()
             server.should_exit = True
         if failed:
-            raise ConsoleStartError(f"the console could not start on {self.host}:{self.port} (see the messages above)")
+            raise ServiceStartError(f"the console could not start on {self.host}:{self.port} (see the messages above)")
