@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--peers",
         default="loopwire,loopwire-r3,langgraph,dbos,restate",
-        help="systems of the peers scenario (comma-separated; default all)",
+        help="systems of the peers scenario (comma-separated; default all; '' for none)",
     )
     args = p.parse_args(argv)
 

@@ -50,7 +50,7 @@ def _sizes(quick: bool) -> dict[str, int]:
 
 def run_peers_scenario(ctx: dict[str, Any], quick: bool) -> dict[str, Any]:
     sz = _sizes(quick)
-    systems: list[str] = ctx.get("peers") or list(DURABILITY)
+    systems: list[str] = ctx["peers"] if "peers" in ctx else list(DURABILITY)  # --peers '' runs none
     rows: list[Row] = []
     blocked: dict[str, str] = {}
     pg = None
