@@ -173,7 +173,7 @@ def summary_tables(ctx: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         ("loopwire, 64 loops, R1 (throughput)", tp),
         ("nats-py floor, 64 loops, R3", floor_r3.get("concurrent")),
     ]
-    runs += [(f"{s}, {r.steps // 20} loops (peers)", r) for s, r in peers.items() if s.startswith("loopwire")]
+    runs += [(f"{s}, {r.extra['loops']} loops (peers)", r) for s, r in peers.items() if "traffic" in r.extra]
     text = "\n\n".join([render(rows), cpu_table(tp, floor.get("concurrent")), traffic_table(runs)])
     return text, {"measurements": m, "rows": [asdict(r) for r in rows]}
 

@@ -9,7 +9,8 @@ For every system, in this order and on the same machine:
 * ``resume`` — 1 loop of 60 steps; after step 20 the process that runs the loop is SIGKILLed and a
   new one started at once: seconds from the kill to the next new durable step.
 
-A system that cannot be installed or started here is reported as blocked with the reason.
+A system whose packages are not installed here is reported as skipped, one that fails to run as
+blocked, with the reason; no figure is made up for either.
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ def _loopwire(cluster: bool) -> Callable[[dict[str, int], Any], list[Row]]:
                 )
                 n = conc.loops * conc.steps
                 row = _row(name, "concurrent", conc.intervals, n, conc.seconds, (b2 - b1) / n, sum(meter.cpu.values()))
-                row.extra["processes"] = meter.per_step(n)["cpu_us_per_step"]
-                row.extra["traffic"] = meter.per_step(n)["traffic"]
+                per_step = meter.per_step(n)
+                row.extra.update(loops=conc.loops, processes=per_step["cpu_us_per_step"], traffic=per_step["traffic"])
                 rows.append(row)
                 rows.append(await _loopwire_resume(d, name))
                 await d.close()
