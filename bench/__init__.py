@@ -12,6 +12,8 @@
   (npm server + Python SDK) and loopwire R1 / R3;
 * ``commit`` — the committer's own latency bench (``bench/commit_latency.py``).
 
-Each prints its tables and writes JSON under ``bench/results/``; ``all`` also writes the plot.
+Each prints its tables and writes JSON under ``bench/results/``; ``all`` also writes the plot and
+ends with the targets table (``bench/targets.py``: MET, MISS or not measured, from that run only).
+Peers whose packages are missing, and the plot without matplotlib, are skipped with the reason.
 See docs/benchmarks.md for the figures and how to read them.
 """

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--peers",
         default="loopwire,loopwire-r3,langgraph,dbos,restate",
-        help="systems of the peers scenario (comma-separated; default all)",
+        help="systems of the peers scenario (comma-separated; default all; '' for none)",
     )
     args = p.parse_args(argv)
 
@@ -82,16 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         path = write_json(name, {"machine": facts, "quick": args.quick, **result}, args.out)
         print(f"wrote {path}")
     if args.plot is not None or args.scenario == "all":
-        plot_path = args.plot or (args.out / "benchmarks.png")
         from bench.plot import plot
 
-        if plot(ctx, plot_path):
-            print(f"\nplot: {plot_path}")
+        print("\nplot: " + plot(ctx, args.plot or (args.out / "benchmarks.png")))
     summary = ""
     if len(names) > 1:
-        summary = summary_table(ctx)
+        summary, targets = summary_tables(ctx)
         print("\n" + summary)
-        write_json("all", {"machine": facts, "quick": args.quick, "summary": summary, **outputs}, args.out)
+        payload = {"machine": facts, "quick": args.quick, "summary": summary, "targets": targets, **outputs}
+        print(f"wrote {write_json('all', payload, args.out)}")
     total = time.perf_counter() - t_all
     print(f"\ntotal {total:.1f} s")
     if args.doc is not None:
@@ -157,77 +156,26 @@ def _restate_version() -> str:
     return RESTATE_VERSION
 
 
-def summary_table(ctx: dict[str, Any]) -> str:
-    """The performance targets, as ratios measured in this run."""
-    from bench.common import table
+def summary_tables(ctx: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The targets, CPU-by-process and server-traffic tables of this run, and the targets as JSON."""
+    from dataclasses import asdict
 
-    rows: list[list[Any]] = []
-    floor = ctx.get("floor")
-    step = ctx.get("step")
-    if floor and step:
-        r = step.extra["p50_x_floor"]
-        rows.append(
-            [
-                "single-loop step p50 ≤ 1.3 × floor",
-                f"{step.p50_ms:.3f} ms vs {floor['seq'].p50_ms:.3f} ms",
-                f"{r:.2f} ×",
-                "met" if r <= 1.3 else f"missed by {r / 1.3:.2f} ×",
-            ]
-        )
-    tp = ctx.get("throughput")
-    if floor and tp:
-        best = max(tp, key=lambda x: x.steps_per_s)
-        r = best.steps_per_s / floor["concurrent"].steps_per_s
-        rows.append(
-            [
-                "throughput ≥ 0.5 × floor (64 loops)",
-                f"{best.steps_per_s:.0f} vs {floor['concurrent'].steps_per_s:.0f} steps/s ({best.config})",
-                f"{r:.2f} ×",
-                "met" if r >= 0.5 else f"missed by {0.5 / r:.2f} ×",
-            ]
-        )
-    rp = ctx.get("replay")
-    if rp:
-        longest = max(rp["replay"])
-        eps = rp["replay"][longest]["load_eps"]
-        rows.append(
-            [
-                "replay ≥ 20,000 events/s",
-                f"{eps:,.0f} events/s (load of {longest:,} steps)",
-                "",
-                "met" if eps >= 20_000 else f"missed by {20_000 / eps:.2f} ×",
-            ]
-        )
-        from bench.common import pct
+    from bench.report import cpu_table, traffic_table
+    from bench.targets import evaluate, measurements, render
 
-        s, lg = pct(rp["commit"]["short"], 0.5), pct(rp["commit"]["long"], 0.5)
-        rows.append(
-            [
-                f"commit p50 at step {longest:,} within 10% of step 10",
-                f"{lg * 1000:.3f} vs {s * 1000:.3f} ms",
-                f"{lg / s:.3f} ×",
-                "met" if lg <= 1.1 * s else f"missed by {lg / s / 1.1:.2f} ×",
-            ]
-        )
-    peers = ctx.get("peers_rows")
-    if peers:
-        for mode, label in (("concurrent", "many loops"), ("sequential", "1 loop")):
-            mine = [r for r in peers if r.system.startswith("loopwire") and r.extra.get("mode") == mode]
-            others = [r for r in peers if not r.system.startswith("loopwire") and r.extra.get("mode") == mode]
-            if not mine or not others:
-                continue
-            lw = max(mine, key=lambda r: r.steps_per_s)
-            best = max(others, key=lambda r: r.steps_per_s)
-            ok = lw.steps_per_s > best.steps_per_s
-            rows.append(
-                [
-                    f"loopwire steps/s ahead of every peer ({label})",
-                    f"{lw.system} {lw.steps_per_s:.0f} vs best peer {best.system} {best.steps_per_s:.0f}",
-                    f"{lw.steps_per_s / best.steps_per_s:.2f} ×",
-                    "met" if ok else f"missed by {best.steps_per_s / lw.steps_per_s:.2f} ×",
-                ]
-            )
-    return table("targets, measured in this run", ["target", "measured", "ratio", "verdict"], rows)
+    m = measurements(ctx)
+    rows = evaluate(m)
+    floor, floor_r3 = ctx.get("floor") or {}, ctx.get("floor_r3") or {}
+    tp = next((r for r in ctx.get("throughput") or [] if r.extra["loops"] == 64 and r.extra["replicas"] == 1), None)
+    peers = {r.system: r for r in ctx.get("peers_rows") or [] if r.extra.get("mode") == "concurrent"}
+    runs = [
+        ("nats-py floor, 64 loops, R1", floor.get("concurrent")),
+        ("loopwire, 64 loops, R1 (throughput)", tp),
+        ("nats-py floor, 64 loops, R3", floor_r3.get("concurrent")),
+    ]
+    runs += [(f"{s}, {r.extra['loops']} loops (peers)", r) for s, r in peers.items() if "traffic" in r.extra]
+    text = "\n\n".join([render(rows), cpu_table(tp, floor.get("concurrent")), traffic_table(runs)])
+    return text, {"measurements": m, "rows": [asdict(r) for r in rows]}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import contextlib
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -126,7 +127,17 @@ class FloorRun:
     seconds: float
 
 
-async def run_floor(url: str, loops: int, steps: int, record: bytes, *, warmup: int = 50) -> FloorRun:
+async def run_floor(
+    url: str,
+    loops: int,
+    steps: int,
+    record: bytes,
+    *,
+    warmup: int = 50,
+    on_start: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> FloorRun:
+    """Run ``loops`` loops of ``steps`` steps after a warm-up; ``on_start``/``on_end`` bracket the measured part."""
     nc = await nats.connect(url.split(","), name="floor-driver")
     latencies: list[float] = []
     payload = ARGS.encode()
@@ -145,9 +156,13 @@ async def run_floor(url: str, loops: int, steps: int, record: bytes, *, warmup: 
 
     try:
         await asyncio.gather(*(one_loop(warmup, False) for _ in range(min(loops, 8))))
+        if on_start is not None:
+            on_start()
         t0 = time.perf_counter()
         await asyncio.gather(*(one_loop(steps, True) for _ in range(loops)))
         seconds = time.perf_counter() - t0
+        if on_end is not None:
+            on_end()
     finally:
         await nc.close()
     return FloorRun(loops, steps, latencies, seconds)

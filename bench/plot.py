@@ -6,13 +6,16 @@ from pathlib import Path
 from typing import Any
 
 
-def plot(ctx: dict[str, Any], path: Path) -> bool:
-    """Write the plot when the run measured peers (or at least loopwire and the floor); False if not."""
+def plot(ctx: dict[str, Any], path: Path) -> str:
+    """Write the plot when the run measured peers or the floor; says where, or why it was skipped."""
     rows = ctx.get("peers_rows") or []
     floor = ctx.get("floor")
     if not rows and not floor:
-        return False
-    import matplotlib
+        return "skipped: neither the peers nor the floor were measured"
+    try:
+        import matplotlib
+    except ImportError:
+        return "skipped: matplotlib not installed (pip install -e '.[bench]')"
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -38,7 +41,7 @@ def plot(ctx: dict[str, Any], path: Path) -> bool:
         conc_rate.append(conc.steps_per_s)
         p99.append(seq.p99_ms)
         p50.append(seq.p50_ms)
-    blocked = ctx.get("peers_blocked") or {}
+    blocked = {**(ctx.get("peers_blocked") or {}), **(ctx.get("peers_skipped") or {})}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     x = range(len(labels))
     w = 0.4
@@ -68,10 +71,10 @@ def plot(ctx: dict[str, Any], path: Path) -> bool:
         ax.grid(axis="y", alpha=0.3)
     note = "2 vCPU VM; instant scripted model + calculator tool; each system at its default durability"
     if blocked:
-        note += "; blocked: " + ", ".join(blocked)
+        note += "; not measured: " + ", ".join(blocked)
     fig.suptitle(note, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
+    return str(path)

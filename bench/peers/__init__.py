@@ -9,12 +9,15 @@ For every system, in this order and on the same machine:
 * ``resume`` — 1 loop of 60 steps; after step 20 the process that runs the loop is SIGKILLed and a
   new one started at once: seconds from the kill to the next new durable step.
 
-A system that cannot be installed or started here is reported as blocked with the reason.
+A system whose packages are not installed here is reported as skipped, one that fails to run as
+blocked, with the reason; no figure is made up for either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
 import shutil
 import tempfile
 import time
@@ -26,7 +29,7 @@ from typing import Any
 from bench.common import Row, pct, table
 from bench.peers.proto import Collected, Worker
 from bench.profile import GroupCpu
-from bench.scenarios import _pids
+from bench.scenarios import RunMeter, _http_ports, _pids
 from shared.settings import Settings
 
 DURABILITY = {
@@ -48,11 +51,17 @@ def _sizes(quick: bool) -> dict[str, int]:
 
 def run_peers_scenario(ctx: dict[str, Any], quick: bool) -> dict[str, Any]:
     sz = _sizes(quick)
-    systems: list[str] = ctx.get("peers") or list(DURABILITY)
+    systems: list[str] = ctx["peers"] if "peers" in ctx else list(DURABILITY)  # --peers '' runs none
     rows: list[Row] = []
     blocked: dict[str, str] = {}
     pg = None
+    skipped: dict[str, str] = {}
     for system in systems:
+        reason = missing(system)
+        if reason:
+            skipped[system] = reason
+            print(f"  peers: {system} skipped: {reason}", flush=True)
+            continue
         print(f"  peers: {system} ...", flush=True)
         t0 = time.perf_counter()
         try:
@@ -74,9 +83,14 @@ def run_peers_scenario(ctx: dict[str, Any], quick: bool) -> dict[str, Any]:
             pg.cleanup()
     ctx["peers_rows"] = rows
     ctx["peers_blocked"] = blocked
+    ctx["peers_skipped"] = skipped
+    ctx["peers_systems"] = systems
     by = {(r.system, r.extra.get("mode")): r for r in rows}
     out_rows = []
     for system in systems:
+        if system in skipped:
+            out_rows.append([system, "skipped", "", "", "", "", "", "", "", skipped[system][:90]])
+            continue
         if system in blocked:
             out_rows.append([system, "blocked", "", "", "", "", "", "", "", blocked[system][:90]])
             continue
@@ -112,8 +126,34 @@ def run_peers_scenario(ctx: dict[str, Any], quick: bool) -> dict[str, Any]:
         ],
         out_rows,
     )
-    extra = {"postgres": pg_settings, "durability": DURABILITY, "blocked": blocked}
+    extra = {"postgres": pg_settings, "durability": DURABILITY, "blocked": blocked, "skipped": skipped}
     return {"rows": rows, "tables": [t], **extra}
+
+
+# What each system needs besides the dev extras: Python modules (the ``bench`` extra) and programs.
+REQUIRES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "langgraph": (("langgraph", "langgraph.checkpoint.postgres", "psycopg"), ()),
+    "dbos": (("dbos", "psycopg"), ()),
+    "restate": (("restate", "hypercorn"), ("npm",)),
+}
+
+
+def missing(system: str) -> str | None:
+    """Why ``system`` cannot run here (a module or program it needs is not installed), or None."""
+    if system not in _RUNNERS:
+        return f"unknown system (known: {', '.join(_RUNNERS)})"
+    modules, programs = REQUIRES.get(system, ((), ()))
+    for m in modules:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except ImportError:  # the parent package is missing
+            found = False
+        if not found:
+            return f"Python module {m} not installed (pip install -e '.[bench]')"
+    for prog in programs:
+        if shutil.which(prog) is None:
+            return f"{prog} not installed"
+    return None
 
 
 # --- loopwire ---------------------------------------------------------------------------------------
@@ -134,15 +174,21 @@ def _loopwire(cluster: bool) -> Callable[[dict[str, int], Any], list[Row]]:
                 b0, _ = await d.stream_bytes()
                 seq = await d.run_loops(1, sz["seq"])
                 b1, _ = await d.stream_bytes()
-                meter = GroupCpu([pid for name, pid in _pids(d).items() if name != "bench"])
+                # Every process, the benchmark's included: it starts the loops (as Restate's driver does)
+                # and observes the commits.
+                meter = RunMeter(_pids(d), _http_ports(d))
+                meter.begin()
                 conc = await d.run_loops(sz["loops"], sz["steps"])
-                cpu = meter.stop()
+                meter.end()
                 b2, _ = await d.stream_bytes()
                 rows.append(
                     _row(name, "sequential", seq.intervals, seq.loops * seq.steps, seq.seconds, (b1 - b0) / sz["seq"])
                 )
                 n = conc.loops * conc.steps
-                rows.append(_row(name, "concurrent", conc.intervals, n, conc.seconds, (b2 - b1) / n, cpu))
+                row = _row(name, "concurrent", conc.intervals, n, conc.seconds, (b2 - b1) / n, sum(meter.cpu.values()))
+                per_step = meter.per_step(n)
+                row.extra.update(loops=conc.loops, processes=per_step["cpu_us_per_step"], traffic=per_step["traffic"])
+                rows.append(row)
                 rows.append(await _loopwire_resume(d, name))
                 await d.close()
                 return rows
@@ -169,20 +215,27 @@ async def _loopwire_resume(d: Any, name: str) -> Row:
     d.kill(svc)
     d.sup.services.remove(svc)
     # Start the replacement (blocking wait for READY happens in a thread: the observer keeps running).
-    await asyncio.to_thread(d.model_step)
+    replacement = await asyncio.to_thread(d.model_step)
     while len(trace.steps) <= seen:
         await asyncio.wait_for(asyncio.sleep(0.002), 60)
         if time.perf_counter() - t_kill > 120:
             raise RuntimeError("loopwire did not resume within 120 s")
     resume = trace.steps[seen] - t_kill
     await asyncio.wait_for(trace.done.wait(), 120)
+    # The settings the replacement actually ran with (it inherits this process's environment).
+    effective = Settings.from_env({**os.environ, **replacement.env})
     return Row(
         scenario="peers",
         system=name,
         config="resume after SIGKILL of the model-step",
         seconds=resume,
         durability=DURABILITY[name],
-        extra={"mode": "resume", "lease_ttl_s": Settings().lease_ttl_seconds},
+        extra={
+            "mode": "resume",
+            "lease_ttl_s": effective.lease_ttl_seconds,
+            "lease_ttl_default_s": Settings().lease_ttl_seconds,
+            "env": {k: v for k, v in replacement.env.items() if k not in ("LW_NATS_URL", "LW_PREFIX", "LW_REPLICAS")},
+        },
     )
 
 
