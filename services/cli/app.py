@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-from shared.settings import ENV_VARS, Settings
+from shared.settings import ENV_VARS, Settings, split_list
 
 DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
 PROG: Final = "loopwire"
@@ -308,7 +308,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     overrides: dict[str, object] = {}
     url = getattr(args, "nats_url", None)
     if url:
-        overrides["nats_urls"] = tuple(u.strip() for u in url.split(",") if u.strip())
+        overrides["nats_urls"] = split_list(url)
     prefix = getattr(args, "prefix", None)
     if prefix:
         overrides["prefix"] = prefix

@@ -50,7 +50,7 @@ from shared.events import (
 )
 from shared.history import LoopHistory, loops, replay
 from shared.protocol import RemoteError
-from shared.settings import Settings
+from shared.settings import Settings, split_list
 from shared.subjects import Names
 from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction, PolicyEffect
@@ -333,7 +333,7 @@ def parse_retries(items: list[str]) -> dict[str, RetryPolicy]:
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
     policy = parse_policy(args.policy or [])
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools is not None else None
+    tools = list(split_list(args.tools)) if args.tools is not None else None
     limits = None
     if args.max_iterations is not None or args.max_tokens is not None:
         limits = Limits(
