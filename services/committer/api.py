@@ -21,6 +21,7 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from shared import telemetry
+from shared.backoff import Backoff
 from shared.bus import JetStreamError, JetStreamUnavailableError, signal_work
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
@@ -190,8 +191,7 @@ class LoopApi:
     # --- read-modify-write ----------------------------------------------------------------------
 
     async def _history(self, loop_id: str, deadline: float) -> LoopHistory:
-        loop = asyncio.get_running_loop()
-        delay = 0.05
+        backoff = Backoff(0.05, 0.5, deadline=deadline)
         while True:
             cached = self._cache.get(loop_id)
             try:
@@ -208,10 +208,8 @@ class LoopApi:
             else:
                 self._cache.put(loop_id, h)
                 return h
-            if loop.time() + delay > deadline:
+            if not await backoff.wait():
                 raise WireError(ErrorKind.UNAVAILABLE, f"history unavailable: {problem}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
     async def _read_modify_write(
         self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
