@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from shared.settings import ENV_VARS, Settings, split_list
+from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
 DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
 PROG: Final = "loopwire"
@@ -158,10 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOOL=EFFECT",
         help="allow | deny | ask for a tool (repeatable; TOOL * sets every tool)",
     )
-    p.add_argument("--default-policy", choices=("allow", "deny", "ask"), help="effect for unlisted tools (allow)")
+    p.add_argument("--default-policy", choices=POLICY_EFFECTS, help="effect for unlisted tools (allow)")
     p.add_argument(
         "--on-unknown",
-        choices=("error", "ask"),
+        choices=ON_UNKNOWN_OUTCOMES,
         help="a call that may have run but left no result when its step runs again, of a tool neither "
         "read-only nor idempotent: error (the model is told, default) or ask (an operator gate)",
     )

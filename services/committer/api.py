@@ -56,7 +56,7 @@ from shared.protocol import (
 from shared.settings import Settings
 from shared.subjects import VERBS
 from shared.validate import is_uuid, validate_event
-from shared.wiretypes import ANSWER_ACTIONS
+from shared.wiretypes import ALLOW, ANSWER_ACTIONS
 
 from .appender import Appender
 from .fork import fork
@@ -257,14 +257,16 @@ class LoopApi:
 
     def _loop_started(self, loop_id: str, req: StartRequest) -> LoopStarted:
         if req.default_policy is not None and req.default_policy not in POLICY_EFFECTS:
-            raise WireError(ErrorKind.INVALID, "default_policy must be allow, deny or ask", field="default_policy")
+            raise WireError(
+                ErrorKind.INVALID, f"default_policy must be one of {', '.join(POLICY_EFFECTS)}", field="default_policy"
+            )
         e = LoopStarted(
             loop_id=loop_id,
             model=req.model if req.model is not None else self._settings.model,
             system=req.system or "",
             tools=req.tools,
             policy=dict(req.policy or {}),
-            default_policy=req.default_policy or "allow",
+            default_policy=req.default_policy or ALLOW,
             limits=req.limits if req.limits is not None else Limits(),
             on_unknown=req.on_unknown or "error",
             retries=dict(req.retries or {}),

@@ -472,7 +472,9 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         tools = list(split_list(tools_text)) if tools_text else None
         default_policy = body.get("default_policy") or None
         if default_policy is not None and default_policy not in POLICY_EFFECTS:
-            raise ApiError(ErrorKind.INVALID, "default_policy must be allow, deny or ask", field="default_policy")
+            raise ApiError(
+                ErrorKind.INVALID, f"default_policy must be one of {', '.join(POLICY_EFFECTS)}", field="default_policy"
+            )
         max_iterations = body.get("max_iterations", "")
         limits = None
         if max_iterations:
