@@ -13,7 +13,7 @@ import sys
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 import anyio
 import msgspec
@@ -222,17 +222,21 @@ async def find_gate_loop(nc: NATS, names: Names, gate_id: str) -> str:
     raise CliError(f"no loop has a gate {gate_id} (give --loop if it is new)")
 
 
+# How a turn the CLI waited for ended.
+TurnEnd = Literal["done", "failed", "interrupted", "closed"]
+
+
 @dataclass
 class TurnOutcome:
     loop_id: str
     turn_id: str
-    outcome: str  # done | failed | interrupted | closed
+    outcome: TurnEnd
     answer: str
     event: Event | None
     seq: int
 
 
-_OUTCOMES: Final[dict[type[Event], str]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
+_OUTCOMES: Final[dict[type[Event], TurnEnd]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
 
 
 class TurnTracker:
