@@ -186,7 +186,7 @@ class LoopApi:
             seq, signal = await self._read_modify_write(loop_id, verb, command_id, decide)
         if signal:
             await self._signal_work(loop_id)
-        return ApiReply(ok=True, seq=seq, loop_id=loop_id if verb == "start" else None)
+        return ApiReply(ok=True, seq=seq, loop_id=loop_id if isinstance(req, StartRequest) else None)
 
     # --- read-modify-write ----------------------------------------------------------------------
 
