@@ -35,6 +35,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
+from shared.backoff import Backoff, retry
 from shared.errors import ErrorKind, LoopwireError
 from shared.settings import Settings
 from shared.subjects import (
@@ -70,7 +71,7 @@ ERR_BATCH_DUPLICATE_MSG_ID: Final = 10201
 ERR_BATCH_INCOMPLETE: Final = 10176
 ERR_BATCH_TOO_MANY_INFLIGHT: Final = 10210
 ERR_JS_UNAVAILABLE: Final = 10008
-ERR_MAX_MSGS_PER_SUBJECT: Final = 10077  # a discard-new-per-subject stream refused a second message
+ERR_MAX_MSGS_PER_SUBJECT: Final = 10077  # the store refused the message (a discard-new limit): never retried
 ERR_MSG_TOO_LARGE: Final = 10054
 ERR_NO_SUITABLE_PEERS: Final = 10005  # "no suitable peers for placement": a cluster still forming
 ERR_INSUFFICIENT_RESOURCES: Final = 10023
@@ -311,21 +312,18 @@ async def signal_work(
     Retried while JetStream is unavailable (a leader election, a reconnect) for up to ``within``
     seconds; then the last :class:`JetStreamUnavailableError` / :class:`JetStreamError` is raised.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    delay = 0.05
+    backoff = Backoff(0.05, 0.5, within=within)
     while True:
         try:
             await js_publish(nc, names.work(loop_id), b"", headers or {}, request_timeout=request_timeout)
             return
         except JetStreamError as e:
-            if not e.retryable or loop.time() + delay > deadline:
+            if not e.retryable or not backoff.fits():
                 raise
         except JetStreamUnavailableError:
-            if loop.time() + delay > deadline:
+            if not backoff.fits():
                 raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.5)
+        await backoff.sleep()
 
 
 async def ensure_kv(
@@ -393,9 +391,7 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
     then :class:`JetStreamUnavailableError` says what was refused.
     """
     n = settings.names
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_seconds
-    delay = 0.1
+    backoff = Backoff(0.1, 1.0, within=wait_seconds)
     while True:
         try:
             await ensure_history_stream(js, settings)
@@ -410,14 +406,13 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
             if not is_transient_setup_error(e):
                 raise
             why = describe_api_error(e)
-            if loop.time() + delay > deadline:
+            if not backoff.fits():
                 raise JetStreamUnavailableError(
                     f"could not create the streams and buckets ({settings.replicas} replicas) within "
                     f"{wait_seconds:g}s: {why}; a JetStream cluster needs as many JetStream nodes as the replicas"
                 ) from e
             log.warning("streams not ready yet (%s); retrying", why)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.sleep()
 
 
 # --- raw publish ------------------------------------------------------------------------------
@@ -495,17 +490,13 @@ async def request_with_grace(
     No responder received the message, so resending is always safe; a service that just started (or
     a stream that just elected its leader) may not have its interest known to our server yet.
     """
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + min(timeout, grace)
-    delay = 0.02
-    while True:
-        try:
-            return await nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None)
-        except nats.errors.NoRespondersError:
-            if loop.time() + delay > give_up:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.25)
+    return await retry(
+        lambda: nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None),
+        on=nats.errors.NoRespondersError,
+        first=0.02,
+        cap=0.25,
+        within=min(timeout, grace),
+    )
 
 
 async def _request(

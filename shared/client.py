@@ -41,7 +41,7 @@ from shared.protocol import (
     encode,
     error_from_body,
 )
-from shared.subjects import Names
+from shared.subjects import Names, Verb
 from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction, OnUnknown, PolicyEffect, Reexecution
 
@@ -158,7 +158,7 @@ class LoopClient:
         self._names = names
         self._timeout = timeout
 
-    async def _call(self, loop_id: str, verb: str, req: msgspec.Struct, command_id: str) -> ApiResult:
+    async def _call(self, loop_id: str, verb: Verb, req: msgspec.Struct, command_id: str) -> ApiResult:
         _check_loop_id(loop_id)
         data = await _request(self._nc, self._names.api(loop_id, verb), encode(req), self._timeout)
         try:

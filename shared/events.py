@@ -20,6 +20,30 @@ import msgspec
 
 from shared.content import AIMessage, Message, Usage, UserMessage
 from shared.wiretypes import (
+    ALLOW,
+    UNSET,
+    CauseRef,
+    Count,
+    EnvelopeVersion,
+    GateReason,
+    LimitValue,
+    NonBlank,
+    NonEmpty,
+    OnUnknown,
+    PolicyKey,
+    PreviewText,
+    Reexecution,
+    RetryOutcome,
+    Rfc3339OrEmpty,
+    Seq,
+    SummaryText,
+    ToolName,
+    TraceparentOrEmpty,
+    TurnIndex,
+    Uuid,
+    UuidOrEmpty,
+)
+from shared.wiretypes import (
     DECISION_EFFECTS as DECISION_EFFECTS,
 )
 from shared.wiretypes import (
@@ -51,29 +75,6 @@ from shared.wiretypes import (
 )
 from shared.wiretypes import (
     TURN_FAILED_KINDS as TURN_FAILED_KINDS,
-)
-from shared.wiretypes import (
-    UNSET,
-    CauseRef,
-    Count,
-    EnvelopeVersion,
-    GateReason,
-    LimitValue,
-    NonBlank,
-    NonEmpty,
-    OnUnknown,
-    PolicyKey,
-    PreviewText,
-    Reexecution,
-    RetryOutcome,
-    Rfc3339OrEmpty,
-    Seq,
-    SummaryText,
-    ToolName,
-    TraceparentOrEmpty,
-    TurnIndex,
-    Uuid,
-    UuidOrEmpty,
 )
 from shared.wiretypes import (
     ChunkKind as ChunkKind,
@@ -242,7 +243,7 @@ class LoopStarted(Event):
     system: str = ""
     tools: list[ToolName] | None = None  # allow-list; None = every live tool
     policy: dict[PolicyKey, PolicyEffect] = msgspec.field(default_factory=dict)
-    default_policy: PolicyEffect = "allow"
+    default_policy: PolicyEffect = ALLOW
     limits: Limits = msgspec.field(default_factory=Limits)
     # A call that may have run but left no recorded result when its step runs again, of a tool that
     # is neither read-only nor idempotent: "error" (the model reads that the outcome is unknown) or

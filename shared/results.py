@@ -23,10 +23,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-import anyio
 import msgspec
 from nats.aio.client import Client as NATS
 
+from shared.backoff import retry
 from shared.bus import JetStreamUnavailableError, get_msg, js_publish
 from shared.events import SuspendedStep
 from shared.subjects import Names, kv_stream
@@ -100,16 +100,7 @@ class ResultStore:
 
     async def _retrying(self, request: Callable[[], Awaitable[T]]) -> T:
         """``request()``, retried while JetStream is unavailable for up to ``retry_seconds``."""
-        give_up = time.monotonic() + self.retry_seconds
-        delay = 0.05
-        while True:
-            try:
-                return await request()
-            except JetStreamUnavailableError:
-                if time.monotonic() + delay > give_up:
-                    raise
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        return await retry(request, on=JetStreamUnavailableError, first=0.05, cap=0.5, within=self.retry_seconds)
 
     async def _get(self, key: str) -> bytes | None:
         m = await self._retrying(

@@ -1,70 +1,67 @@
-"""Configuration from the environment (``LW_*``). One place lists every variable."""
+"""Configuration from the environment (``LW_*``). One place declares every variable.
+
+Each setting is declared once, on its :class:`Settings` field (:func:`setting`: variable, default,
+meaning, parser); :meth:`Settings.from_env`, :data:`ENV_VARS` (``--help``) and the README's
+configuration table (:func:`markdown_table`, checked by a test) are derived from the declarations.
+Variables read by a library or by one command rather than by every service are declared in
+:data:`OTHER_VARS`, for the documentation only.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Final
+from typing import Any, Final, TypeVar
 
 from shared.subjects import Names
 
-# Every variable the code reads, with its meaning (the README's configuration table mirrors this).
-ENV_VARS: Final[dict[str, str]] = {
-    "LW_NATS_URL": "NATS server URL(s), comma-separated (default nats://127.0.0.1:4222)",
-    "LW_NATS_USER": "NATS user name (with LW_NATS_PASSWORD)",
-    "LW_NATS_PASSWORD": "NATS password",
-    "LW_NATS_CREDS": "path of a NATS .creds file",
-    "LW_NATS_TLS_CA": "CA bundle to verify the server's TLS certificate",
-    "LW_NATS_TLS_CERT": "client certificate for mutual TLS",
-    "LW_NATS_TLS_KEY": "client key for mutual TLS",
-    "LW_NATS_INBOX_PREFIX": "private inbox prefix for this identity (default _INBOX)",
-    "LW_PREFIX": "subject prefix and stream/bucket name prefix (default lw)",
-    "LW_REPLICAS": "replicas of every stream and bucket: 1 or 3 (default 1)",
-    "LW_MAX_RECORD_BYTES": "largest durable record in bytes (default 1048576)",
-    "LW_COMMIT_RETRY_SECONDS": "how long the committer retries an unavailable JetStream (default 10)",
-    "LW_DUPLICATE_WINDOW_SECONDS": "history stream de-duplication window (default 120)",
-    "LW_MODEL": "default model of new loops: demo, scripted:PATH, openai:NAME, anthropic:NAME",
-    "LW_DEMO_CHUNK_DELAY": "seconds the demo model pauses between streamed chunks (default 0; loopwire demo sets it)",
-    "LW_MODEL_STEP_CONCURRENCY": "loops one model-step replica drives at once (default 16)",
-    "LW_LEASE_TTL_SECONDS": "loop lease TTL in seconds (default 2; a stopped replica's loops move after it)",
-    "LW_RESULTS_TTL_SECONDS": "how long recorded step plans and tool results are kept (default 604800 = 7 days)",
-    "LW_TOOL_ROOT": "root directory of read_file / list_dir (default the current directory)",
-    "LW_HTTP_ALLOW": "comma-separated hosts http_get may reach (default loopback only)",
-    "LW_TOOL_TIMEOUT_SECONDS": "default tool-call deadline in seconds (default 60)",
-    "LW_HEARTBEAT_SECONDS": "tool worker heartbeat interval in seconds (default 1)",
-    "LW_LOG_LEVEL": "log level of services (default INFO)",
-    "LW_LOG_FORMAT": "log line format of services: text (default) or json (one JSON object per line)",
-    "OTEL_EXPORTER_OTLP_ENDPOINT": "OTLP/HTTP endpoint traces are exported to (unset = tracing off), e.g. http://127.0.0.1:4318",
-    "OTEL_SERVICE_NAME": "service name on exported spans (default loopwire-<service>)",
-    "OTEL_TRACES_SAMPLER": "OpenTelemetry trace sampler, e.g. parentbased_traceidratio (default parentbased_always_on)",
-    "LW_METRICS_PORT": "port each service serves Prometheus /metrics on (default 0 = off; loopwire up sets it)",
-    "LW_CONSOLE_TOKEN": "token the operator console requires (header X-Loopwire-Token); needed off loopback",
-    "LW_UVLOOP": "1 = run services on uvloop when it is installed (pip install loopwire[bench]); default 0",
-    "LW_OPENAI_BASE_URL": "OpenAI-compatible API base URL incl. /v1 (default https://api.openai.com/v1)",
-    "LW_OPENAI_API_KEY": "API key of the OpenAI-compatible server (empty: no Authorization header)",
-    "LW_OPENAI_MAX_TOKENS_FIELD": "request field for max tokens: max_tokens (default) or max_completion_tokens",
-    "LW_ANTHROPIC_BASE_URL": "Anthropic API base URL (default https://api.anthropic.com)",
-    "LW_ANTHROPIC_API_KEY": "Anthropic API key",
-    "LW_ANTHROPIC_THINKING_BUDGET": "Anthropic extended-thinking budget in tokens (default 0 = off)",
-}
+T = TypeVar("T")
+
+_DECLARATION: Final = "lw_setting"
+
+Parser = Callable[[str, str], Any]
+"""``parse(variable name, stripped non-empty value)`` → the setting's value; ValueError names the variable."""
 
 
-def _get(env: Mapping[str, str], name: str, default: str) -> str:
-    value = env.get(name, "").strip()
-    return value or default
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """One environment variable: its name, meaning and default as documented, and its parser."""
+
+    name: str
+    meaning: str
+    default: str  # as shown in the documentation ("" = no default)
+    parse: Parser | None = None  # None: read elsewhere (documented only)
+
+    @property
+    def description(self) -> str:
+        return f"{self.meaning} (default {self.default})" if self.default else self.meaning
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = _get(env, name, str(default))
+# --- parsers ------------------------------------------------------------------------------------
+
+
+def split_list(raw: str) -> tuple[str, ...]:
+    """A comma-separated list (NATS URLs, hosts, tool names): items stripped, empty ones dropped."""
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def parse_text(name: str, raw: str) -> str:
+    return raw
+
+
+def parse_list(name: str, raw: str) -> tuple[str, ...]:
+    return split_list(raw)
+
+
+def parse_int(name: str, raw: str) -> int:
     try:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw[:40]!r}") from None
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = _get(env, name, str(default))
+def parse_float(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
@@ -74,47 +71,169 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _log_format(raw: str) -> str:
-    if raw.lower() not in ("text", "json"):
-        raise ValueError(f"LW_LOG_FORMAT must be text or json, got {raw[:40]!r}")
-    return raw.lower()
+def parse_flag(name: str, raw: str) -> bool:
+    return raw.lower() in ("1", "true", "yes", "on")
+
+
+def at_least(lowest: float) -> Parser:
+    """A number, raised to ``lowest`` when smaller."""
+    return lambda name, raw: max(lowest, parse_float(name, raw))
+
+
+def one_of(*allowed: int) -> Parser:
+    """An integer among ``allowed``."""
+
+    def parse(name: str, raw: str) -> int:
+        value = parse_int(name, raw)
+        if value not in allowed:
+            raise ValueError(f"{name} must be {' or '.join(map(str, allowed))}, got {value}")
+        return value
+
+    return parse
+
+
+def word(*allowed: str) -> Parser:
+    """A word among ``allowed`` (any case, kept lower case)."""
+
+    def parse(name: str, raw: str) -> str:
+        if raw.lower() not in allowed:
+            raise ValueError(f"{name} must be {' or '.join(allowed)}, got {raw[:40]!r}")
+        return raw.lower()
+
+    return parse
+
+
+def _shown(default: object) -> str:
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    if isinstance(default, tuple):
+        return ",".join(default)
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+def _parser_of(default: object) -> Parser:
+    if isinstance(default, bool):
+        return parse_flag
+    if isinstance(default, int):
+        return parse_int
+    if isinstance(default, float):
+        return parse_float
+    if isinstance(default, tuple):
+        return parse_list
+    return parse_text
+
+
+def setting(
+    name: str, default: T, meaning: str, *, parse: Parser | None = None, shown: str | None = None, secret: bool = False
+) -> T:
+    """Declare a :class:`Settings` field read from the variable ``name``.
+
+    ``parse`` defaults to the default's type (str, int, finite float, flag, comma-separated list);
+    ``shown`` is the default as documented (derived from ``default`` when None, nothing when "");
+    a ``secret`` is kept out of ``repr``. An unset or blank variable leaves the default.
+    """
+    var = EnvVar(name, meaning, _shown(default) if shown is None else shown, parse or _parser_of(default))
+    value: T = field(default=default, repr=not secret, metadata={_DECLARATION: var})
+    return value
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    nats_urls: tuple[str, ...] = ("nats://127.0.0.1:4222",)
-    nats_user: str = ""
-    nats_password: str = field(default="", repr=False)
-    nats_creds: str = ""
-    nats_tls_ca: str = ""
-    nats_tls_cert: str = ""
-    nats_tls_key: str = ""
-    nats_inbox_prefix: str = "_INBOX"
-    prefix: str = "lw"
-    replicas: int = 1
-    max_record_bytes: int = 1024 * 1024
-    commit_retry_seconds: float = 10.0
-    duplicate_window_seconds: float = 120.0
-    model: str = "demo"
-    demo_chunk_delay: float = 0.0
-    model_step_concurrency: int = 16
-    lease_ttl_seconds: float = 2.0
+    nats_urls: tuple[str, ...] = setting(
+        "LW_NATS_URL", ("nats://127.0.0.1:4222",), "NATS server URL(s), comma-separated"
+    )
+    nats_user: str = setting("LW_NATS_USER", "", "NATS user name (with LW_NATS_PASSWORD)")
+    nats_password: str = setting("LW_NATS_PASSWORD", "", "NATS password", secret=True)
+    nats_creds: str = setting("LW_NATS_CREDS", "", "path of a NATS .creds file")
+    nats_tls_ca: str = setting("LW_NATS_TLS_CA", "", "CA bundle to verify the server's TLS certificate")
+    nats_tls_cert: str = setting("LW_NATS_TLS_CERT", "", "client certificate for mutual TLS")
+    nats_tls_key: str = setting("LW_NATS_TLS_KEY", "", "client key for mutual TLS")
+    nats_inbox_prefix: str = setting("LW_NATS_INBOX_PREFIX", "_INBOX", "private inbox prefix for this identity")
+    prefix: str = setting("LW_PREFIX", "lw", "subject prefix and stream/bucket name prefix")
+    replicas: int = setting("LW_REPLICAS", 1, "replicas of every stream and bucket: 1 or 3", parse=one_of(1, 3))
+    max_record_bytes: int = setting("LW_MAX_RECORD_BYTES", 1024 * 1024, "largest durable record in bytes")
+    commit_retry_seconds: float = setting(
+        "LW_COMMIT_RETRY_SECONDS", 10.0, "how long the committer retries an unavailable JetStream"
+    )
+    duplicate_window_seconds: float = setting(
+        "LW_DUPLICATE_WINDOW_SECONDS", 120.0, "history stream de-duplication window"
+    )
+    model: str = setting(
+        "LW_MODEL", "demo", "default model of new loops: demo, scripted:PATH, openai:NAME, anthropic:NAME"
+    )
+    demo_chunk_delay: float = setting(
+        "LW_DEMO_CHUNK_DELAY",
+        0.0,
+        "seconds the demo model pauses between streamed chunks",
+        parse=at_least(0.0),
+        shown="0; loopwire demo sets it",
+    )
+    model_step_concurrency: int = setting(
+        "LW_MODEL_STEP_CONCURRENCY", 16, "loops one model-step replica drives at once"
+    )
+    lease_ttl_seconds: float = setting(
+        "LW_LEASE_TTL_SECONDS",
+        2.0,
+        "loop lease TTL in seconds",
+        parse=at_least(0.5),
+        shown="2; a stopped replica's loops move after it",
+    )
     # Longer than any step stays uncommitted (a step parked at a gate waits for an operator).
-    results_ttl_seconds: float = 7 * 24 * 3600.0
-    tool_root: str = "."
-    http_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
-    tool_timeout_seconds: float = 60.0
-    heartbeat_seconds: float = 1.0
-    log_level: str = "INFO"
-    log_format: str = "text"
-    metrics_port: int = 0
-    uvloop: bool = False
-    openai_base_url: str = "https://api.openai.com/v1"
-    openai_api_key: str = field(default="", repr=False)
-    openai_max_tokens_field: str = "max_tokens"
-    anthropic_base_url: str = "https://api.anthropic.com"
-    anthropic_api_key: str = field(default="", repr=False)
-    anthropic_thinking_budget: int = 0
+    results_ttl_seconds: float = setting(
+        "LW_RESULTS_TTL_SECONDS",
+        7 * 24 * 3600.0,
+        "how long recorded step plans and tool results are kept",
+        parse=at_least(1.0),
+        shown="604800 = 7 days",
+    )
+    tool_root: str = setting(
+        "LW_TOOL_ROOT", ".", "root directory of read_file / list_dir", shown="the current directory"
+    )
+    http_allow: tuple[str, ...] = setting(
+        "LW_HTTP_ALLOW",
+        ("127.0.0.1", "localhost", "::1"),
+        "comma-separated hosts http_get may reach",
+        shown="loopback only",
+    )
+    tool_timeout_seconds: float = setting("LW_TOOL_TIMEOUT_SECONDS", 60.0, "default tool-call deadline in seconds")
+    heartbeat_seconds: float = setting("LW_HEARTBEAT_SECONDS", 1.0, "tool worker heartbeat interval in seconds")
+    log_level: str = setting("LW_LOG_LEVEL", "INFO", "log level of services")
+    log_format: str = setting(
+        "LW_LOG_FORMAT",
+        "text",
+        "log line format of services: text or json (one JSON object per line)",
+        parse=word("text", "json"),
+    )
+    metrics_port: int = setting(
+        "LW_METRICS_PORT",
+        0,
+        "port each service serves Prometheus /metrics on",
+        shown="0 = off; loopwire up sets it",
+    )
+    uvloop: bool = setting(
+        "LW_UVLOOP", False, "1 = run services on uvloop when it is installed (pip install loopwire[bench])"
+    )
+    openai_base_url: str = setting(
+        "LW_OPENAI_BASE_URL", "https://api.openai.com/v1", "OpenAI-compatible API base URL incl. /v1"
+    )
+    openai_api_key: str = setting(
+        "LW_OPENAI_API_KEY",
+        "",
+        "API key of the OpenAI-compatible server (empty: no Authorization header)",
+        secret=True,
+    )
+    openai_max_tokens_field: str = setting(
+        "LW_OPENAI_MAX_TOKENS_FIELD",
+        "max_tokens",
+        "request field for max tokens: max_tokens or max_completion_tokens",
+    )
+    anthropic_base_url: str = setting("LW_ANTHROPIC_BASE_URL", "https://api.anthropic.com", "Anthropic API base URL")
+    anthropic_api_key: str = setting("LW_ANTHROPIC_API_KEY", "", "Anthropic API key", secret=True)
+    anthropic_thinking_budget: int = setting(
+        "LW_ANTHROPIC_THINKING_BUDGET", 0, "Anthropic extended-thinking budget in tokens", shown="0 = off"
+    )
 
     @property
     def names(self) -> Names:
@@ -122,54 +241,57 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Every declared variable of ``env`` (default ``os.environ``), then ``overrides`` by field name."""
         e = os.environ if env is None else env
-        d = cls()
-        urls = tuple(u.strip() for u in _get(e, "LW_NATS_URL", ",".join(d.nats_urls)).split(",") if u.strip())
-        replicas = _int(e, "LW_REPLICAS", d.replicas)
-        if replicas not in (1, 3):
-            raise ValueError(f"LW_REPLICAS must be 1 or 3, got {replicas}")
-        s = cls(
-            nats_urls=urls,
-            nats_user=_get(e, "LW_NATS_USER", ""),
-            nats_password=_get(e, "LW_NATS_PASSWORD", ""),
-            nats_creds=_get(e, "LW_NATS_CREDS", ""),
-            nats_tls_ca=_get(e, "LW_NATS_TLS_CA", ""),
-            nats_tls_cert=_get(e, "LW_NATS_TLS_CERT", ""),
-            nats_tls_key=_get(e, "LW_NATS_TLS_KEY", ""),
-            nats_inbox_prefix=_get(e, "LW_NATS_INBOX_PREFIX", d.nats_inbox_prefix),
-            prefix=_get(e, "LW_PREFIX", d.prefix),
-            replicas=replicas,
-            max_record_bytes=_int(e, "LW_MAX_RECORD_BYTES", d.max_record_bytes),
-            commit_retry_seconds=_float(e, "LW_COMMIT_RETRY_SECONDS", d.commit_retry_seconds),
-            duplicate_window_seconds=_float(e, "LW_DUPLICATE_WINDOW_SECONDS", d.duplicate_window_seconds),
-            model=_get(e, "LW_MODEL", d.model),
-            demo_chunk_delay=max(0.0, _float(e, "LW_DEMO_CHUNK_DELAY", d.demo_chunk_delay)),
-            model_step_concurrency=_int(e, "LW_MODEL_STEP_CONCURRENCY", d.model_step_concurrency),
-            lease_ttl_seconds=max(0.5, _float(e, "LW_LEASE_TTL_SECONDS", d.lease_ttl_seconds)),
-            results_ttl_seconds=max(1.0, _float(e, "LW_RESULTS_TTL_SECONDS", d.results_ttl_seconds)),
-            tool_root=_get(e, "LW_TOOL_ROOT", d.tool_root),
-            http_allow=tuple(
-                h.strip() for h in _get(e, "LW_HTTP_ALLOW", ",".join(d.http_allow)).split(",") if h.strip()
-            ),
-            tool_timeout_seconds=_float(e, "LW_TOOL_TIMEOUT_SECONDS", d.tool_timeout_seconds),
-            heartbeat_seconds=_float(e, "LW_HEARTBEAT_SECONDS", d.heartbeat_seconds),
-            log_level=_get(e, "LW_LOG_LEVEL", d.log_level),
-            log_format=_log_format(_get(e, "LW_LOG_FORMAT", d.log_format)),
-            metrics_port=_int(e, "LW_METRICS_PORT", d.metrics_port),
-            uvloop=_get(e, "LW_UVLOOP", "0").lower() in ("1", "true", "yes", "on"),
-            openai_base_url=_get(e, "LW_OPENAI_BASE_URL", d.openai_base_url),
-            openai_api_key=_get(e, "LW_OPENAI_API_KEY", ""),
-            openai_max_tokens_field=_get(e, "LW_OPENAI_MAX_TOKENS_FIELD", d.openai_max_tokens_field),
-            anthropic_base_url=_get(e, "LW_ANTHROPIC_BASE_URL", d.anthropic_base_url),
-            anthropic_api_key=_get(e, "LW_ANTHROPIC_API_KEY", ""),
-            anthropic_thinking_budget=_int(e, "LW_ANTHROPIC_THINKING_BUDGET", 0),
-        )
-        if overrides:
-            known = {f.name for f in fields(cls)}
-            bad = set(overrides) - known
-            if bad:
-                raise TypeError(f"unknown settings: {sorted(bad)}")
-            values = {f.name: getattr(s, f.name) for f in fields(cls)}
-            values.update(overrides)
-            s = cls(**values)
-        return s
+        known = {f.name for f in fields(cls)}
+        bad = set(overrides) - known
+        if bad:
+            raise TypeError(f"unknown settings: {sorted(bad)}")
+        values: dict[str, object] = {}
+        for attr, var in declarations().items():
+            raw = e.get(var.name, "").strip()
+            if raw and var.parse is not None:
+                values[attr] = var.parse(var.name, raw)
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def declarations() -> dict[str, EnvVar]:
+    """Each :class:`Settings` field's variable, by field name, in declaration order."""
+    return {f.name: f.metadata[_DECLARATION] for f in fields(Settings)}
+
+
+# Read by a library or by one command, not by every service: declared here for the documentation.
+OTHER_VARS: Final[tuple[EnvVar, ...]] = (
+    EnvVar(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTLP/HTTP endpoint traces are exported to, e.g. http://127.0.0.1:4318",
+        "unset = tracing off",
+    ),
+    EnvVar("OTEL_SERVICE_NAME", "service name on exported spans", "loopwire-<service>"),
+    EnvVar(
+        "OTEL_TRACES_SAMPLER",
+        "OpenTelemetry trace sampler, e.g. parentbased_traceidratio",
+        "parentbased_always_on",
+    ),
+    EnvVar(
+        "LW_CONSOLE_TOKEN",
+        "token the operator console requires (header X-Loopwire-Token); needed off loopback",
+        "",
+    ),
+)
+
+
+def all_vars() -> tuple[EnvVar, ...]:
+    """Every variable the code reads: the settings, then the others."""
+    return (*declarations().values(), *OTHER_VARS)
+
+
+# Every variable the code reads, with its meaning and default (``--help`` lists them).
+ENV_VARS: Final[dict[str, str]] = {v.name: v.description for v in all_vars()}
+
+
+def markdown_table() -> str:
+    """The README's configuration table."""
+    rows = "".join(f"| `{v.name}` | {v.meaning} | {v.default or 'unset'} |\n" for v in all_vars())
+    return "| variable | meaning | default |\n|---|---|---|\n" + rows

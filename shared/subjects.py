@@ -7,10 +7,11 @@ from ``LW_PREFIX``, default ``lw``, so several deployments can share one NATS se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal, get_args
 
 # Loop API verbs (binding).
-VERBS: Final = ("start", "input", "interrupt", "answer", "close", "fork")
+Verb = Literal["start", "input", "interrupt", "answer", "close", "fork"]
+VERBS: Final[tuple[Verb, ...]] = get_args(Verb)
 
 # Queue groups.
 COMMITTER_QUEUE: Final = "committer"
@@ -123,7 +124,7 @@ class Names:
     def commit_all(self) -> str:
         return f"{self.prefix}.commit.*"
 
-    def api(self, loop_id: str, verb: str) -> str:
+    def api(self, loop_id: str, verb: Verb) -> str:
         return f"{self.prefix}.api.{loop_id}.{verb}"
 
     @property

@@ -183,6 +183,10 @@ Reexecution = Annotated[
 ]
 
 POLICY_EFFECTS: Final[tuple[str, ...]] = get_args(_PolicyEffect)
+# The policy effects by name, typed by the vocabulary (a misspelling fails the type check).
+ALLOW: Final[_PolicyEffect] = "allow"
+DENY: Final[_PolicyEffect] = "deny"
+ASK: Final[_PolicyEffect] = "ask"
 TURN_FAILED_KINDS: Final[tuple[str, ...]] = get_args(_TurnFailedKind)
 GATE_KINDS: Final[tuple[str, ...]] = get_args(_GateKind)
 GATE_ACTIONS: Final[tuple[str, ...]] = get_args(_GateAction)

@@ -1,8 +1,8 @@
 """The ``loopwire`` command line: the argument parser and the dispatch of every sub-command.
 
-Heavy imports (the services, rich, the tool SDK) happen inside the command that needs them, so
-``loopwire --help`` and the small client commands start fast. Exit status: 0 ok, 1 an error
-(printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
+Every sub-command is bound to its handler function (``set_defaults(handler=...)``). The services
+and the tool SDK are imported inside the handler that runs them, so the client commands start fast.
+Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from shared.settings import ENV_VARS, Settings
+from shared.settings import ENV_VARS, Settings, split_list
+from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
 DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
 PROG: Final = "loopwire"
 
 AsyncCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+Handler = Callable[[argparse.Namespace], int]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -59,6 +62,8 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
+    from services.cli import commands, forks
+
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -97,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-delay", type=float, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
     )
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)")
-    p.set_defaults(handler="demo")
+    p.set_defaults(handler=handle_demo)
 
     p = command(
         "up",
@@ -117,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-console", action="store_true", help="do not start the operator console")
     p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus /metrics from the services")
-    p.set_defaults(handler="up")
+    p.set_defaults(handler=handle_up)
 
     # --- one service in the foreground --------------------------------------------------------
     p = command(
@@ -135,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _mcp_parser(which)
-    p.set_defaults(handler="serve")
+    p.set_defaults(handler=handle_serve)
 
     p = command(
         "console",
@@ -145,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.set_defaults(handler="console")
+    p.set_defaults(handler=handle_console)
 
     # --- client commands ----------------------------------------------------------------------
     p = command("start", "start a loop; prints its id")
@@ -158,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOOL=EFFECT",
         help="allow | deny | ask for a tool (repeatable; TOOL * sets every tool)",
     )
-    p.add_argument("--default-policy", choices=("allow", "deny", "ask"), help="effect for unlisted tools (allow)")
+    p.add_argument("--default-policy", choices=POLICY_EFFECTS, help="effect for unlisted tools (allow)")
     p.add_argument(
         "--on-unknown",
-        choices=("error", "ask"),
+        choices=ON_UNKNOWN_OUTCOMES,
         help="a call that may have run but left no result when its step runs again, of a tool neither "
         "read-only nor idempotent: error (the model is told, default) or ask (an operator gate)",
     )
@@ -176,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_start"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_start))
 
     p = command("send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
@@ -184,13 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_send"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_send))
 
     p = command("history", "print a loop's committed history (replayed from JetStream)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_history"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_history))
 
     p = command(
         "tail",
@@ -203,47 +208,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
     p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_tail"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_tail))
 
     p = command("loops", "list loops with their state")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_loops"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_loops))
 
     p = command("gates", "list open gates (permission requests and questions) waiting for an operator")
     p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_gates"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_gates))
 
     p = command("approve", "approve a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id (see loopwire gates)")
     p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_approve"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_approve))
 
     p = command("deny", "deny a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id")
     p.add_argument("--reason", help="why (shown to the model)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_deny"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_deny))
 
     p = command("reply", "answer a question gate (ask_user)")
     p.add_argument("gate", metavar="GATE", help="gate id")
     p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_reply"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_reply))
 
     p = command("interrupt", "interrupt a loop's running turn")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_interrupt"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_interrupt))
 
     p = command("close", "close a loop (no more input)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_close"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_close))
 
     p = command(
         "fork",
@@ -266,22 +271,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--loop-id", metavar="UUID", help="use this id for the new loop")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_fork"))
+    p.set_defaults(handler=ClientCommand(forks.cmd_fork))
 
     p = command("lineage", "show a loop's fork tree (its root, every fork and the fork points)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_lineage"))
+    p.set_defaults(handler=ClientCommand(forks.cmd_lineage))
 
     p = command("diff", "compare two branches: common prefix, first divergence, the rest side by side")
     p.add_argument("a", metavar="A", help="loop id")
     p.add_argument("b", metavar="B", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_diff"))
+    p.set_defaults(handler=ClientCommand(forks.cmd_diff))
 
     p = command("tools", "list live tools: replicas, kind, version, arguments")
     _json_option(p)
-    p.set_defaults(handler=_client("cmd_tools"))
+    p.set_defaults(handler=ClientCommand(commands.cmd_tools))
 
     p = command(
         "schema",
@@ -293,12 +298,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write schema files here (e.g. schemas)")
     p.add_argument("--asyncapi", metavar="FILE", help="write the AsyncAPI document here (e.g. docs/asyncapi.yaml)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
-    p.set_defaults(handler="schema")
+    p.set_defaults(handler=handle_schema)
     return parser
 
 
-def _client(name: str) -> str:
-    return f"client:{name}"
+@dataclass(frozen=True, slots=True)
+class ClientCommand:
+    """A handler that connects: ``fn`` runs with the settings of the command line and environment."""
+
+    fn: AsyncCommand
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        import anyio
+
+        from services.cli import commands
+
+        settings = settings_from(args)
+        try:
+            return anyio.run(self.fn, args, settings)
+        except KeyboardInterrupt:
+            if self.fn is commands.cmd_tail:
+                return 0  # Ctrl-C is how tail ends
+            raise
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -308,7 +329,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     overrides: dict[str, object] = {}
     url = getattr(args, "nats_url", None)
     if url:
-        overrides["nats_urls"] = tuple(u.strip() for u in url.split(",") if u.strip())
+        overrides["nats_urls"] = split_list(url)
     prefix = getattr(args, "prefix", None)
     if prefix:
         overrides["prefix"] = prefix
@@ -320,22 +341,31 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise CliError(str(e)) from None
 
 
-def _run_client(name: str, args: argparse.Namespace) -> int:
-    import anyio
+def handle_demo(args: argparse.Namespace) -> int:
+    from services.cli import stack
 
-    from services.cli import commands, forks
-
-    fn: AsyncCommand = getattr(forks if hasattr(forks, name) else commands, name)
-    settings = settings_from(args)
-    try:
-        return anyio.run(fn, args, settings)
-    except KeyboardInterrupt:
-        if name == "cmd_tail":
-            return 0  # Ctrl-C is how tail ends
-        raise
+    return stack.run_demo(args)
 
 
-def _run_schema(args: argparse.Namespace) -> int:
+def handle_up(args: argparse.Namespace) -> int:
+    from services.cli import stack
+
+    return stack.run_up(args)
+
+
+def handle_serve(args: argparse.Namespace) -> int:
+    from services.cli import serve
+
+    return serve.run_serve(args, settings_from(args))
+
+
+def handle_console(args: argparse.Namespace) -> int:
+    from services.cli import serve
+
+    return serve.run_console(args, settings_from(args))
+
+
+def handle_schema(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from services.cli import contract
@@ -399,23 +429,8 @@ def _mcp_parser(which: Any) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    handler: str = args.handler
-    if handler.startswith("client:"):
-        return _run_client(handler.split(":", 1)[1], args)
-    if handler == "schema":
-        return _run_schema(args)
-    if handler in ("console", "serve"):
-        from services.cli import serve
-
-        run = serve.run_console if handler == "console" else serve.run_serve
-        return run(args, settings_from(args))
-    from services.cli import stack
-
-    if handler == "demo":
-        return stack.run_demo(args)
-    if handler == "up":
-        return stack.run_up(args)
-    raise AssertionError(handler)  # pragma: no cover
+    handler: Handler = args.handler
+    return handler(args)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import sys
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 import anyio
 import msgspec
@@ -50,7 +50,7 @@ from shared.events import (
 )
 from shared.history import LoopHistory, loops, replay
 from shared.protocol import RemoteError
-from shared.settings import Settings
+from shared.settings import Settings, split_list
 from shared.subjects import Names
 from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction, PolicyEffect
@@ -222,17 +222,21 @@ async def find_gate_loop(nc: NATS, names: Names, gate_id: str) -> str:
     raise CliError(f"no loop has a gate {gate_id} (give --loop if it is new)")
 
 
+# How a turn the CLI waited for ended.
+TurnEnd = Literal["done", "failed", "interrupted", "closed"]
+
+
 @dataclass
 class TurnOutcome:
     loop_id: str
     turn_id: str
-    outcome: str  # done | failed | interrupted | closed
+    outcome: TurnEnd
     answer: str
     event: Event | None
     seq: int
 
 
-_OUTCOMES: Final[dict[type[Event], str]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
+_OUTCOMES: Final[dict[type[Event], TurnEnd]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
 
 
 class TurnTracker:
@@ -333,7 +337,7 @@ def parse_retries(items: list[str]) -> dict[str, RetryPolicy]:
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
     policy = parse_policy(args.policy or [])
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools is not None else None
+    tools = list(split_list(args.tools)) if args.tools is not None else None
     limits = None
     if args.max_iterations is not None or args.max_tokens is not None:
         limits = Limits(

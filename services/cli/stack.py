@@ -20,6 +20,7 @@ from services.cli.errors import CliError
 from services.embedded import BUILTIN_TOOLS, EmbeddedStack
 from shared.natsserver import NatsServerError, free_port
 from shared.procs import ServiceStartError
+from shared.settings import split_list
 
 # --- signals --------------------------------------------------------------------------------------
 
@@ -86,7 +87,7 @@ def running(stack: EmbeddedStack, interrupts: Interrupts) -> Iterator[EmbeddedSt
 def _tool_list(value: str | None) -> list[str]:
     if value is None:
         return list(BUILTIN_TOOLS)
-    names = [t.strip() for t in value.split(",") if t.strip()]
+    names = list(split_list(value))
     unknown = [t for t in names if t not in BUILTIN_TOOLS]
     if unknown:
         raise CliError(f"unknown built-in tool(s): {', '.join(unknown)} (built-ins: {', '.join(BUILTIN_TOOLS)})")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from services.runner import run_service
-from shared.settings import Settings
+from shared.settings import Settings, split_list
 
 from .service import CommitterService
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {}
     if args.nats_url:
-        overrides["nats_urls"] = tuple(u.strip() for u in args.nats_url.split(",") if u.strip())
+        overrides["nats_urls"] = split_list(args.nats_url)
     if args.prefix:
         overrides["prefix"] = args.prefix
     if args.replicas:

@@ -21,6 +21,7 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from shared import telemetry
+from shared.backoff import Backoff
 from shared.bus import JetStreamError, JetStreamUnavailableError, signal_work
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
@@ -55,7 +56,7 @@ from shared.protocol import (
 from shared.settings import Settings
 from shared.subjects import VERBS
 from shared.validate import is_uuid, validate_event
-from shared.wiretypes import ANSWER_ACTIONS
+from shared.wiretypes import ALLOW, ANSWER_ACTIONS
 
 from .appender import Appender
 from .fork import fork
@@ -185,13 +186,12 @@ class LoopApi:
             seq, signal = await self._read_modify_write(loop_id, verb, command_id, decide)
         if signal:
             await self._signal_work(loop_id)
-        return ApiReply(ok=True, seq=seq, loop_id=loop_id if verb == "start" else None)
+        return ApiReply(ok=True, seq=seq, loop_id=loop_id if isinstance(req, StartRequest) else None)
 
     # --- read-modify-write ----------------------------------------------------------------------
 
     async def _history(self, loop_id: str, deadline: float) -> LoopHistory:
-        loop = asyncio.get_running_loop()
-        delay = 0.05
+        backoff = Backoff(0.05, 0.5, deadline=deadline)
         while True:
             cached = self._cache.get(loop_id)
             try:
@@ -208,10 +208,8 @@ class LoopApi:
             else:
                 self._cache.put(loop_id, h)
                 return h
-            if loop.time() + delay > deadline:
+            if not await backoff.wait():
                 raise WireError(ErrorKind.UNAVAILABLE, f"history unavailable: {problem}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
     async def _read_modify_write(
         self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
@@ -259,14 +257,16 @@ class LoopApi:
 
     def _loop_started(self, loop_id: str, req: StartRequest) -> LoopStarted:
         if req.default_policy is not None and req.default_policy not in POLICY_EFFECTS:
-            raise WireError(ErrorKind.INVALID, "default_policy must be allow, deny or ask", field="default_policy")
+            raise WireError(
+                ErrorKind.INVALID, f"default_policy must be one of {', '.join(POLICY_EFFECTS)}", field="default_policy"
+            )
         e = LoopStarted(
             loop_id=loop_id,
             model=req.model if req.model is not None else self._settings.model,
             system=req.system or "",
             tools=req.tools,
             policy=dict(req.policy or {}),
-            default_policy=req.default_policy or "allow",
+            default_policy=req.default_policy or ALLOW,
             limits=req.limits if req.limits is not None else Limits(),
             on_unknown=req.on_unknown or "error",
             retries=dict(req.retries or {}),

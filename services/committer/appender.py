@@ -20,6 +20,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from shared import metrics
+from shared.backoff import Backoff
 from shared.bus import (
     ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_MSG_TOO_LARGE,
@@ -73,7 +74,7 @@ class Appender:
             headers.append(h)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._retry_seconds
-        delay = _BACKOFF_FIRST
+        backoff = Backoff(_BACKOFF_FIRST, _BACKOFF_MAX, deadline=deadline)
         last_problem = "no attempt made"
         while True:
             remaining = deadline - loop.time()
@@ -110,7 +111,7 @@ class Appender:
                 last_problem = str(e)
             except PayloadTooLargeError as e:
                 raise WireError(ErrorKind.TOO_LARGE, str(e)) from None
-            if loop.time() + delay > deadline:
+            if not backoff.fits():
                 raise WireError(
                     ErrorKind.UNAVAILABLE,
                     f"history unavailable for {self._retry_seconds:g}s ({last_problem}); "
@@ -118,8 +119,7 @@ class Appender:
                 )
             log.debug("append to %s retried: %s", subject, last_problem)
             metrics.inc(metrics.APPENDS_RETRIED)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _BACKOFF_MAX)
+            await backoff.sleep()
 
     async def _check_duplicate(
         self, stream: str, seq: int, payload: bytes, msg_id: str, request_timeout: float

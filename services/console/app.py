@@ -46,7 +46,7 @@ from shared.events import POLICY_EFFECTS, Limits
 from shared.forking import valid_points
 from shared.history import replay
 from shared.protocol import RemoteError
-from shared.settings import Settings
+from shared.settings import Settings, split_list
 from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction, PolicyEffect
 
@@ -469,10 +469,12 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         if not is_uuid(loop_id):
             raise ApiError(ErrorKind.INVALID, "loop_id must be a lowercase UUID", field="loop_id")
         tools_text = body.get("tools")
-        tools = [t.strip() for t in tools_text.split(",") if t.strip()] if tools_text else None
+        tools = list(split_list(tools_text)) if tools_text else None
         default_policy = body.get("default_policy") or None
         if default_policy is not None and default_policy not in POLICY_EFFECTS:
-            raise ApiError(ErrorKind.INVALID, "default_policy must be allow, deny or ask", field="default_policy")
+            raise ApiError(
+                ErrorKind.INVALID, f"default_policy must be one of {', '.join(POLICY_EFFECTS)}", field="default_policy"
+            )
         max_iterations = body.get("max_iterations", "")
         limits = None
         if max_iterations:

@@ -55,6 +55,7 @@ from services.tools.sdk import CallFailed, Tool, ToolContext, error_result
 from services.tools.spec import ToolSpec
 from services.tools.worker import Worker
 from shared import shaping
+from shared.backoff import Backoff
 from shared.settings import Settings
 
 log = logging.getLogger("loopwire.mcp")
@@ -193,7 +194,7 @@ class Bridge:
         self._wake = anyio.Event()
 
     async def _supervise(self, up: anyio.Event) -> None:
-        failures = 0
+        backoff = self._backoff()
         while True:
             began = time.monotonic()
             try:
@@ -209,11 +210,14 @@ class Bridge:
                 log.warning("MCP server %s: session failed: %s: %s", self.target.name, type(leaf).__name__, leaf)
             self._client = None
             await self.worker.set_healthy(False)
-            failures = 1 if time.monotonic() - began >= STABLE_SECONDS else failures + 1
-            delay = min(self.backoff_max, BACKOFF_FIRST * 2 ** (failures - 1))
-            log.warning("MCP server %s is down; restarting in %.2fs", self.target.name, delay)
-            await anyio.sleep(delay)
+            if time.monotonic() - began >= STABLE_SECONDS:
+                backoff = self._backoff()  # it stayed up: start over
+            log.warning("MCP server %s is down; restarting in %.2fs", self.target.name, backoff.delay)
+            await backoff.sleep()
             self.restarts += 1
+
+    def _backoff(self) -> Backoff:
+        return Backoff(min(BACKOFF_FIRST, self.backoff_max), self.backoff_max)
 
     async def _session(self, up: anyio.Event) -> None:
         """One session, from start to loss. Returns when the server exited or stopped answering."""

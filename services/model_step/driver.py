@@ -39,6 +39,7 @@ from services.model_step.steps import Action, always_allowed, execution_id_for, 
 from services.tools.client import CallOutcome, outcome_of
 from shared import events as ev
 from shared import shaping, telemetry
+from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live, encode_live
@@ -253,7 +254,7 @@ class LoopDriver:
         if h.last_seq != expected:
             raise StepAbandoned(f"the fold moved under the step ({expected} → {h.last_seq})")
         guard = self._guards.get(h.loop_id)
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         folded = False
         events: list[Event] | None = None
         try:
@@ -284,8 +285,7 @@ class LoopDriver:
                     # (same event ids), so the committer recognises a stored one as done instead of
                     # finding a "partial append" where our first events match and a rebuilt one does not.
                     log.warning("loop %s: committer unavailable (%s); retrying", h.loop_id, e)
-                    await anyio.sleep(delay)
-                    delay = min(2.0, delay * 2)
+                    await backoff.sleep()
                 except (RemoteError, LoopwireError) as e:
                     # invalid / too_large: never retried blindly.
                     raise CommitRefused(str(e)) from e

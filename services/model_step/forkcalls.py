@@ -18,13 +18,14 @@ from shared.events import LoopForked
 from shared.forking import call_key, source_results
 from shared.history import replay
 from shared.subjects import Names
+from shared.wiretypes import GateReason, Reexecution
 
-REUSE: Final = "reuse"
-RERUN: Final = "rerun"
-ASK: Final = "ask"
+REUSE: Final[Reexecution] = "reuse"
+RERUN: Final[Reexecution] = "rerun"
+ASK: Final[Reexecution] = "ask"
 # Decision reason of a call that takes the source's result; gate reason of a repeated call's gate.
 FORK_REUSED: Final = "fork_reused"
-GATE_FORK_RERUN: Final = "fork_rerun"
+GATE_FORK_RERUN: Final[GateReason] = "fork_rerun"
 FORK_RERUN_SUMMARY: Final = "forked: the source made this call; approve runs it again, deny reuses its result: "
 
 SourceResults = dict[tuple[str, str], ToolResultMessage]

@@ -6,23 +6,22 @@ Pure functions over the folded history, so every replica reaches the same decisi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, cast
+from typing import cast
 
-from shared.events import POLICY_EFFECTS, GateResolved, LoopStarted, PolicyEffect
+from shared.events import POLICY_EFFECTS, DecisionEffect, GateResolved, LoopStarted, PolicyEffect
+from shared.wiretypes import ALLOW, ASK, DENY
 
-ALLOW: Final = "allow"
-DENY: Final = "deny"
-ASK: Final = "ask"
+__all__ = ["ALLOW", "ASK", "DENY", "gate_effect", "parse_policy", "policy_effect", "tool_allowed_for_loop"]
 
 
-def policy_effect(config: LoopStarted | None, tool_name: str, always_allowed: frozenset[str]) -> str:
+def policy_effect(config: LoopStarted | None, tool_name: str, always_allowed: frozenset[str]) -> PolicyEffect:
     """allow | deny | ask for ``tool_name``: grants first, then the tool's rule, then ``*``, then the default."""
     if tool_name in always_allowed:
         return ALLOW
     if config is None:
         return ALLOW
     effect = config.policy.get(tool_name) or config.policy.get("*") or config.default_policy
-    return effect if effect in (ALLOW, DENY, ASK) else DENY
+    return effect if effect in POLICY_EFFECTS else DENY
 
 
 def parse_policy(items: Iterable[str]) -> dict[str, PolicyEffect]:
@@ -43,7 +42,7 @@ def tool_allowed_for_loop(config: LoopStarted | None, tool_name: str) -> bool:
     return config is None or config.tools is None or tool_name in config.tools
 
 
-def gate_effect(resolution: GateResolved) -> str:
+def gate_effect(resolution: GateResolved) -> DecisionEffect:
     """What an operator's answer means for the gated call: approve | deny | reply."""
     if resolution.action in ("approve", "approve_always"):
         return "approve"

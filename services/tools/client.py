@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 import anyio
 import msgspec
@@ -44,13 +44,15 @@ from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
 
 log = logging.getLogger("loopwire.tools.client")
 
-OK: Final = "ok"
-UNAVAILABLE: Final = "unavailable"
-TIMEOUT: Final = "timeout"
-CRASHED: Final = "crashed"
-CANCELED: Final = "canceled"
-NOT_STARTED: Final = "not_started"
-REFUSED: Final = "refused"
+# A call's outcome: its result, or how it failed (the caller's view of the tool protocol's error kinds).
+CallStatus = Literal["ok", "unavailable", "timeout", "crashed", "canceled", "not_started", "refused"]
+OK: Final[CallStatus] = "ok"
+UNAVAILABLE: Final[CallStatus] = "unavailable"
+TIMEOUT: Final[CallStatus] = "timeout"
+CRASHED: Final[CallStatus] = "crashed"
+CANCELED: Final[CallStatus] = "canceled"
+NOT_STARTED: Final[CallStatus] = "not_started"
+REFUSED: Final[CallStatus] = "refused"
 
 _NO_RESPONDERS: Final = "503"
 DEFAULT_LOSS_FACTOR: Final = 3.0
@@ -61,13 +63,13 @@ ProgressFn = Callable[[str], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
-    status: str  # ok | unavailable | timeout | crashed | canceled
+    status: CallStatus
     result: p.ResultBody | None = None
     message: str = ""
     worker_id: str = ""
 
 
-_ERROR_STATUS: Final = {
+_ERROR_STATUS: Final[dict[str, CallStatus]] = {
     p.ERROR_TIMEOUT: TIMEOUT,
     p.ERROR_CANCELED: CANCELED,
     p.ERROR_NOT_STARTED: NOT_STARTED,

@@ -41,18 +41,18 @@ REPLY_PROGRESS: Final = "progress"
 REPLY_RESULT: Final = "result"
 REPLY_ERROR: Final = "error"
 
-ERROR_TIMEOUT: Final = "timeout"
-ERROR_CANCELED: Final = "canceled"
-ERROR_INTERNAL: Final = "internal"
+ERROR_TIMEOUT: Final[ToolErrorKind] = "timeout"
+ERROR_CANCELED: Final[ToolErrorKind] = "canceled"
+ERROR_INTERNAL: Final[ToolErrorKind] = "internal"
 # Arrived after its Lw-Start-By (e.g. the worker was stopped while it waited): never started. The
 # caller sends it again if it still holds its lease.
-ERROR_NOT_STARTED: Final = "not_started"
+ERROR_NOT_STARTED: Final[ToolErrorKind] = "not_started"
 # The execution id has a recorded call with other arguments: never run (a caller bug or a forged id).
-ERROR_REFUSED: Final = "refused"
+ERROR_REFUSED: Final[ToolErrorKind] = "refused"
 # The tool's backend is down (e.g. a bridged MCP server restarting): answered at once, never run.
-ERROR_UNAVAILABLE: Final = "unavailable"
+ERROR_UNAVAILABLE: Final[ToolErrorKind] = "unavailable"
 # The tool's backend died while the call ran (e.g. its MCP server process was killed).
-ERROR_CRASHED: Final = "crashed"
+ERROR_CRASHED: Final[ToolErrorKind] = "crashed"
 
 
 class ResultBody(msgspec.Struct, kw_only=True):

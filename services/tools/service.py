@@ -15,7 +15,7 @@ from anyio.abc import TaskStatus
 from services.tools.sdk import Tool
 from services.tools.worker import Worker
 from shared.bus import connect
-from shared.settings import Settings
+from shared.settings import Settings, split_list
 
 
 def resolve_tools(specs: Sequence[str]) -> list[Tool]:
@@ -73,5 +73,5 @@ def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: 
 
     s = settings or Settings.from_env()
     if nats_url:
-        s = dataclasses.replace(s, nats_urls=tuple(u.strip() for u in nats_url.split(",") if u.strip()))
+        s = dataclasses.replace(s, nats_urls=split_list(nats_url))
     return run_service("tools", ToolService(tools, s), s)

@@ -60,6 +60,7 @@ from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, regist
 from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
 from services.tools.spec import Registration, ToolSpec
 from shared import logfmt, shaping
+from shared.backoff import retry
 from shared.bus import ensure_kv
 from shared.content import TextBlock
 from shared.results import DONE, STARTED, CallRecord, ResultStore, args_digest, now_ms
@@ -201,17 +202,14 @@ class Worker:
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Start-up steps on JetStream: it may still be electing leaders, so retry for a while."""
-        delay = 0.2
-        deadline = time.monotonic() + START_RETRY_SECONDS
-        while True:
-            try:
-                return await fn()
-            except Exception:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("worker %s: %s failed, retrying", self.worker_id, what, exc_info=True)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return await retry(
+            fn,
+            on=Exception,
+            first=0.2,
+            cap=2.0,
+            within=START_RETRY_SECONDS,
+            before_wait=lambda _: log.warning("worker %s: %s failed, retrying", self.worker_id, what, exc_info=True),
+        )
 
     async def _subscribe(self, t: Tool) -> None:
         subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)

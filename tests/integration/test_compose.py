@@ -26,7 +26,7 @@ import nats.errors
 import pytest
 import yaml
 
-from services.cli.app import parse_args
+from services.cli.app import ClientCommand, handle_serve, parse_args
 from services.cli.commands import wait_for_turn
 from services.tools.builtins import BUILTINS
 from services.tools.service import resolve_tools
@@ -104,9 +104,9 @@ def test_every_service_command_is_a_loopwire_serve_entry() -> None:
         svc = SERVICES[name]
         args = parse_args(svc["command"])  # exits (fails the test) on an unknown command
         if "profiles" in svc:  # the operator CLI, run on demand
-            assert args.handler.startswith("client:"), name
+            assert isinstance(args.handler, ClientCommand), name
             continue
-        assert args.handler == "serve", name
+        assert args.handler is handle_serve, name
         if args.service == "tool":
             assert [t.name for t in resolve_tools(args.tools)] == args.tools
         if args.service == "mcp":  # a bridge: its server's command is installed in the image
