@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import anyio
 from nats.aio.client import Client as NATS
@@ -259,8 +259,9 @@ class LoopDriver:
                     guard.check()
                 try:
                     with tracing.commit(self.settings.names.history_stream, h.loop_id, len(events)) as span:
+                        # Every tool_use input here was checked by the sanitiser or decoded from the history.
                         result = await self.commits.commit(
-                            h.loop_id, expected, events, max_record_bytes=self._max_record
+                            h.loop_id, expected, events, max_record_bytes=self._max_record, inputs_checked=True
                         )
                         span.set_attribute(telemetry.LW_STREAM_SEQ, result.last_seq)
                 except ConflictError:
@@ -691,7 +692,7 @@ class LoopDriver:
         fork: bool = False,
     ) -> None:
         gate_id = new_id()
-        common: dict[str, Any] = {
+        common: dict[str, str] = {
             "loop_id": h.loop_id,
             "turn_id": t.turn_id,
             "step_id": step_id,

@@ -71,12 +71,13 @@ class ModelChunk(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True,
 # --- requests -----------------------------------------------------------------------------------
 
 
-class ToolDef(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+# (input_schema is a JSON Schema of any JSON values: msgspec has no JSON-value type that also makes a schema.)
+class ToolDef(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):  # type: ignore[explicit-any]
     """A tool offered to the model: its JSON Schema is passed to the provider as is."""
 
     name: str
     description: str = ""
-    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)  # type: ignore[explicit-any]
 
 
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
