@@ -119,14 +119,18 @@ class CommitClient:
         events: Sequence[Event],
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        inputs_checked: bool = False,
     ) -> CommitResult:
         """Append ``events`` (all or none) right after ``expected_last_seq`` (0 for a new loop).
 
         Events are encoded (and so validated) here first: an invalid one raises
-        :class:`shared.errors.InvalidEventError` before anything is sent.
+        :class:`shared.errors.InvalidEventError` before anything is sent. ``inputs_checked``: the
+        caller already found every tool_use input strict JSON (the committer checks them in any case).
         """
         return await self.commit_raw(
-            loop_id, expected_last_seq, [encode_event(e, max_bytes=max_record_bytes) for e in events]
+            loop_id,
+            expected_last_seq,
+            [encode_event(e, max_bytes=max_record_bytes, inputs_checked=inputs_checked) for e in events],
         )
 
     async def commit_raw(self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes]) -> CommitResult:

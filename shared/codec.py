@@ -53,13 +53,16 @@ _decoders: dict[type[Event], msgspec.json.Decoder[Event]] = {
 }
 
 
-def encode_event(event: Event, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
-    """Encode an enduring, valid event as a v1 envelope."""
+def encode_event(event: Event, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES, inputs_checked: bool = False) -> bytes:
+    """Encode an enduring, valid event as a v1 envelope.
+
+    ``inputs_checked``: see :func:`shared.validate.validate_event` (the rest is validated all the same).
+    """
     if not isinstance(event, Event) or type(event).__name__ not in EVENT_TYPES:
         raise UnknownEventTypeError(type(event).__name__)
     if event_class(event) is Class.EPHEMERAL:
         raise EphemeralNotPersistableError(type(event).__name__)
-    validate_event(event)
+    validate_event(event, inputs_checked=inputs_checked)
     # msgspec writes the tag first and omits v == 1 (a default); put "v":1 right after the "{".
     try:
         raw = _encoder.encode(event)

@@ -1,8 +1,8 @@
 """Step shaping: everything the model-step does to turn a model reply and tool outcomes into a
 committable step group, plus every model-visible tool-result error string (this is the one place).
 
-* :func:`sanitize_ai_message` splits a model reply into the stored copy (always valid in a StepDone)
-  and the raw executable view of its tool uses (the bytes the model sent).
+* :func:`sanitize_step` splits a model reply into the stored copy (always valid in a StepDone)
+  and its tool calls (the bytes the model sent, with the one strict-JSON verdict on them).
 * :func:`bounded_diagnostic`, :func:`result_preview` and :func:`truncate_result` bound text for
   summaries, live previews and stored results. All of them are UTF-8 safe: invalid UTF-8 and lone
   surrogates become U+FFFD and no cut ever splits a code point.
@@ -30,7 +30,7 @@ from shared.content import (
     Usage,
 )
 from shared.events import RawToolUse
-from shared.strictjson import is_strict
+from shared.toolcall import ToolCall, strict_error
 from shared.validate import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "result_preview",
     "safe_prefix",
     "sanitize_ai_message",
+    "sanitize_step",
     "summary_for_call",
     "tool_crashed",
     "tool_error",
@@ -322,18 +323,19 @@ def _copy_usage(usage: Usage | None) -> Usage | None:
     return None if usage is None else msgspec.structs.replace(usage)
 
 
-def sanitize_ai_message(msg: AIMessage) -> tuple[AIMessage, list[RawToolUse]]:
-    """Split a model reply into (stored copy, raw tool-use view).
+def sanitize_step(msg: AIMessage) -> tuple[AIMessage, list[ToolCall]]:
+    """Split a model reply into (stored copy, its tool calls).
 
     The stored copy is an independent deep copy in which empty text and thinking with neither text
     nor signature are dropped, refusals kept, and every string is valid Unicode. A tool_use whose id
     is empty or repeats an earlier one gets a minted id (in both views, ``minted_id=True``); one
     whose id was minted, whose name is empty or whose input is not strict JSON is stored with input
-    ``{}``. The raw view keeps, per tool use in order, the id, the name and the original input text.
+    ``{}``. The calls keep, per tool use in order, the id, the name, the original input and whether
+    it is strict JSON (checked here, once for the whole model-step).
     The stored copy, followed by one result per tool use, always passes the StepDone group rule.
     """
     blocks: list[Block] | None = None if msg.blocks is None else []
-    raw: list[RawToolUse] = []
+    calls: list[ToolCall] = []
     seen: set[str] = set()
     for b in msg.blocks or ():
         if isinstance(b, ToolUseBlock):
@@ -344,12 +346,15 @@ def sanitize_ai_message(msg: AIMessage) -> tuple[AIMessage, list[RawToolUse]]:
             while not tool_id or tool_id in seen:
                 tool_id = mint_tool_use_id()
             seen.add(tool_id)
-            keep = not minted and bool(name) and data is not None and is_strict(data)
+            invalid = "arguments are not text" if data is None else strict_error(data)
+            keep = not minted and bool(name) and not invalid
             stored_input = msgspec.Raw(bytes(data) if keep and data is not None else b"{}")
             assert blocks is not None
             blocks.append(ToolUseBlock(id=tool_id, name=name, input=stored_input))
             text = "" if data is None else data.decode("utf-8", errors="replace")
-            raw.append(RawToolUse(id=tool_id, name=name, input=text, minted_id=minted))
+            calls.append(
+                ToolCall(id=tool_id, name=name, input=text, data=data or b"", invalid=invalid, minted_id=minted)
+            )
             continue
         if isinstance(b, TextBlock) and not b.text:
             continue
@@ -359,7 +364,13 @@ def sanitize_ai_message(msg: AIMessage) -> tuple[AIMessage, list[RawToolUse]]:
         if copy is not None:
             assert blocks is not None
             blocks.append(copy)
-    return AIMessage(blocks=blocks, usage=_copy_usage(msg.usage)), raw
+    return AIMessage(blocks=blocks, usage=_copy_usage(msg.usage)), calls
+
+
+def sanitize_ai_message(msg: AIMessage) -> tuple[AIMessage, list[RawToolUse]]:
+    """:func:`sanitize_step` with the wire view of the calls (the bytes the model sent, as text)."""
+    stored, calls = sanitize_step(msg)
+    return stored, [c.raw() for c in calls]
 
 
 def is_empty_response(msg: AIMessage) -> bool:

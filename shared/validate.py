@@ -115,12 +115,15 @@ def _check_optional_id(name: str, field: str, value: object, uuid: IdCheck = is_
         raise _fail(name, field, Rule.INVALID)
 
 
-def validate_event(e: object, *, decoded: bool = False) -> None:
+def validate_event(e: object, *, decoded: bool = False, inputs_checked: bool = False) -> None:
     """Return None when ``e`` is a valid event; raise :class:`InvalidEventError` otherwise.
 
     ``decoded``: ``e`` comes from a msgspec decoder of its own type, which already matched its header
     ids and timestamp against their patterns (``shared.wiretypes``); those are not matched again. The
     codec passes it; anything built in code is checked in full.
+
+    ``inputs_checked``: every tool_use input in ``e`` was already found strict JSON by the caller
+    (the model-step's sanitiser, or a decode of the same event), so it is not parsed again.
     """
     cls = type(e)
     uuid, instant = (_shape_checked, _real_instant) if decoded else (is_uuid, is_rfc3339)
@@ -166,13 +169,13 @@ def validate_event(e: object, *, decoded: bool = False) -> None:
 
     check = _BODY_RULES.get(cls)
     if check is not None:
-        check(name, e)
+        check(name, e, not inputs_checked)
 
 
 # --- body rules -----------------------------------------------------------------------------------
 
 
-def _require_cause_command(name: str, e: Event) -> None:
+def _require_cause_command(name: str, e: Event, strict: bool = True) -> None:
     if e.cause is None or not e.cause.command_id:
         raise _fail(name, "cause", Rule.REQUIRED)
 
@@ -191,7 +194,7 @@ def _check_limits(name: str, limits: object) -> None:
         raise _fail(name, "limits", Rule.INVALID)
 
 
-def _loop_started(name: str, e: Event) -> None:
+def _loop_started(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.LoopStarted)
     if not isinstance(e.model, str) or len(e.model) > 512:
         raise _fail(name, "model", Rule.INVALID)
@@ -228,17 +231,17 @@ def _retry_ok(r: object) -> bool:
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 <= lo <= hi <= 3600
 
 
-def _user_message(name: str, field: str, message: object) -> None:
-    if type(message) is not UserMessage or not _blocks_ok(message):
+def _user_message(name: str, field: str, message: object, strict: bool = True) -> None:
+    if type(message) is not UserMessage or not _blocks_ok(message, strict):
         raise _fail(name, field, Rule.INVALID)
     if not message.blocks:
         raise _fail(name, field, Rule.REQUIRED)
 
 
-def _input_submitted(name: str, e: Event) -> None:
+def _input_submitted(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.InputSubmitted)
     _require_cause_command(name, e)
-    _user_message(name, "message", e.message)
+    _user_message(name, "message", e.message, strict)
 
 
 def _turn_index(name: str, value: object) -> None:
@@ -246,14 +249,15 @@ def _turn_index(name: str, value: object) -> None:
         raise _fail(name, "turn_index", Rule.INVALID)
 
 
-def _turn_started(name: str, e: Event) -> None:
+def _turn_started(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnStarted | ev.TurnFoldedInto)
     _turn_index(name, e.turn_index)
-    _user_message(name, "message", e.message)
+    _user_message(name, "message", e.message, strict)
 
 
-def _blocks_ok(message: object) -> bool:
-    """Blocks are known block structs, and every tool_use input is strict JSON."""
+def _blocks_ok(message: object, strict: bool = True) -> bool:
+    """Blocks are known block structs, and every tool_use input is strict JSON (``strict``: checked
+    here; else the caller checked the inputs already)."""
     blocks = getattr(message, "blocks", None)
     if blocks is None:
         return True
@@ -263,7 +267,7 @@ def _blocks_ok(message: object) -> bool:
         if isinstance(b, ToolUseBlock):
             if not isinstance(b.id, str) or not isinstance(b.name, str) or not isinstance(b.input, msgspec.Raw):
                 return False
-            if not is_strict(bytes(b.input)):
+            if strict and not is_strict(bytes(b.input)):
                 return False
         elif isinstance(b, TextBlock | RefusalBlock):
             if not isinstance(b.text, str):
@@ -276,7 +280,7 @@ def _blocks_ok(message: object) -> bool:
     return True
 
 
-def step_group_ok(messages: object) -> bool:
+def step_group_ok(messages: object, strict: bool = True) -> bool:
     """The StepDone group rule: [assistant AIMessage] + one tool-role ToolResultMessage per tool use.
 
     Each result's tool_use_id answers a distinct, non-empty tool_use id of element 0, exactly once
@@ -285,7 +289,7 @@ def step_group_ok(messages: object) -> bool:
     if not isinstance(messages, list) or not messages or len(messages) > MAX_STEP_MESSAGES:
         return False
     head = messages[0]
-    if type(head) is not AIMessage or not _blocks_ok(head):
+    if type(head) is not AIMessage or not _blocks_ok(head, strict):
         return False
     ids = [b.id for b in (head.blocks or ()) if isinstance(b, ToolUseBlock)]
     if any(not i for i in ids) or len(set(ids)) != len(ids):
@@ -294,28 +298,28 @@ def step_group_ok(messages: object) -> bool:
     if len(results) != len(ids):
         return False
     for want, m in zip(ids, results, strict=True):
-        if type(m) is not ToolResultMessage or not _blocks_ok(m):
+        if type(m) is not ToolResultMessage or not _blocks_ok(m, strict):
             return False
         if not isinstance(m.is_error, bool) or m.tool_use_id != want:
             return False
     return True
 
 
-def _step_done(name: str, e: Event) -> None:
+def _step_done(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.StepDone)
-    if not step_group_ok(e.messages):
+    if not step_group_ok(e.messages, strict):
         raise _fail(name, "messages", Rule.INVALID)
 
 
-def _turn_done(name: str, e: Event) -> None:
+def _turn_done(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnDone)
     _turn_index(name, e.turn_index)
-    if e.message is not None and (type(e.message) is not AIMessage or not _blocks_ok(e.message)):
+    if e.message is not None and (type(e.message) is not AIMessage or not _blocks_ok(e.message, strict)):
         raise _fail(name, "message", Rule.INVALID)
     # usage is deliberately not checked for consistency: a divergent count never loses a turn.
 
 
-def _turn_failed(name: str, e: Event) -> None:
+def _turn_failed(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnFailed)
     _turn_index(name, e.turn_index)
     if not isinstance(e.err, ev.TurnError) or e.err.kind not in ev.TURN_FAILED_KINDS:
@@ -324,19 +328,19 @@ def _turn_failed(name: str, e: Event) -> None:
         raise _fail(name, "err", Rule.INVALID)
 
 
-def _turn_interrupted(name: str, e: Event) -> None:
+def _turn_interrupted(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnInterrupted)
     _turn_index(name, e.turn_index)
 
 
-def _permission_requested(name: str, e: Event) -> None:
+def _permission_requested(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.PermissionRequested)
     r = e.request
     if not isinstance(r, ev.PermissionRequest) or not is_uuid(r.gate_id) or not r.tool_name:
         raise _fail(name, "request", Rule.INVALID)
 
 
-def _permission_decided(name: str, e: Event) -> None:
+def _permission_decided(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.PermissionDecided)
     if e.effect not in ev.PERMISSION_EFFECTS:
         raise _fail(name, "effect", Rule.INVALID)
@@ -344,7 +348,7 @@ def _permission_decided(name: str, e: Event) -> None:
         raise _fail(name, "reason", Rule.INVALID)
 
 
-def _user_input_requested(name: str, e: Event) -> None:
+def _user_input_requested(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.UserInputRequested)
     if not is_uuid(e.gate_id):
         raise _fail(name, "gate_id", Rule.INVALID)
@@ -354,7 +358,7 @@ def _user_input_requested(name: str, e: Event) -> None:
         raise _fail(name, "choices", Rule.INVALID)
 
 
-def _gate_opened(name: str, e: Event) -> None:
+def _gate_opened(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.GateOpened)
     g = e.gate
     if not isinstance(g, ev.Gate) or not is_uuid(g.id) or g.kind not in ev.GATE_KINDS:
@@ -365,7 +369,7 @@ def _gate_opened(name: str, e: Event) -> None:
     if s is not None and (
         not isinstance(s, ev.SuspendedStep)
         or type(s.message) is not AIMessage
-        or not _blocks_ok(s.message)
+        or not _blocks_ok(s.message, strict)
         or not isinstance(s.calls, list)
         or not all(isinstance(c, ev.RawToolUse) for c in s.calls)
         or not all(isinstance(d, ev.Decision) and d.effect in ev.DECISION_EFFECTS for d in s.decisions)
@@ -373,7 +377,7 @@ def _gate_opened(name: str, e: Event) -> None:
         raise _fail(name, "gate", Rule.INVALID)
 
 
-def _gate_resolved(name: str, e: Event) -> None:
+def _gate_resolved(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.GateResolved)
     if not is_uuid(e.gate_id):
         raise _fail(name, "gate_id", Rule.INVALID)
@@ -393,7 +397,7 @@ def _bounded(name: str, field: str, text: object, max_bytes: int, max_lines: int
         raise _fail(name, field, Rule.INVALID)
 
 
-def _loop_forked(name: str, e: Event) -> None:
+def _loop_forked(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.LoopForked)
     if not is_uuid(e.source_loop_id):
         raise _fail(name, "source_loop_id", Rule.INVALID)
@@ -401,17 +405,17 @@ def _loop_forked(name: str, e: Event) -> None:
         raise _fail(name, "source_loop_id", Rule.INVALID)
 
 
-def _tool_call_started(name: str, e: Event) -> None:
+def _tool_call_started(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.ToolCallStarted)
     _bounded(name, "summary", e.summary, SUMMARY_MAX_BYTES, None)
 
 
-def _tool_call_completed(name: str, e: Event) -> None:
+def _tool_call_completed(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.ToolCallCompleted)
     _bounded(name, "result_preview", e.result_preview, PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES)
 
 
-def _token_delta(name: str, e: Event) -> None:
+def _token_delta(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TokenDelta)
     _turn_index(name, e.turn_index)
 

@@ -370,7 +370,7 @@ async def collect(model: Any, request: Any, limit_seconds: float = 10.0) -> tupl
     """All chunks of ``model.stream(request)`` and their StreamAccumulator (bounded in time)."""
     import anyio
 
-    from services.model_step.models.base import StreamAccumulator
+    from services.model_step.models.accumulator import StreamAccumulator
 
     chunks: list[Any] = []
     acc = StreamAccumulator()

@@ -77,8 +77,9 @@ def prepare(loop_id: str, raws: list[bytes], *, max_input_bytes: int, max_record
             event = decode_event(raw, max_bytes=max_input_bytes)
             if event.loop_id != loop_id:
                 raise InvalidEventError(type(event).__name__, "loop_id", Rule.INVALID.value)
-            # Store the canonical encoding: a retried commit compares equal byte for byte.
-            payload = encode_event(event, max_bytes=max_record_bytes)
+            # Store the canonical encoding: a retried commit compares equal byte for byte. (decode_event
+            # just found every tool_use input strict JSON: that is this commit's one check of them.)
+            payload = encode_event(event, max_bytes=max_record_bytes, inputs_checked=True)
         except LoopwireError as e:
             raise event_error(e, i) from None
         if event.event_id in seen:

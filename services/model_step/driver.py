@@ -14,29 +14,33 @@ fold is its own: no two drives share mutable state.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import anyio
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from services.model_step import forkcalls, tracing
 from services.model_step.lease import Guard
+from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
     ModelError,
+    ModelFactory,
     ModelRequest,
     ModelStreamError,
-    StreamAccumulator,
     ToolDef,
+    is_delta,
 )
 from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
-from services.tools.client import CallOutcome, outcome_of
+from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup
+from services.tools.client import outcome_of
+from services.tools.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
 from shared import shaping, telemetry
 from shared.backoff import Backoff
@@ -52,11 +56,9 @@ from shared.history import GateState, LoopHistory, OpenTurn, load
 from shared.protocol import ConflictError, RemoteError, UnavailableError
 from shared.results import DONE, ResultStore, StepPlan, args_digest
 from shared.settings import Settings
-from shared.strictjson import is_strict, loads
+from shared.toolcall import ToolCall
 
 log = logging.getLogger("loopwire.model_step")
-
-ModelFactory = Callable[[str], Any]  # spec -> Model
 
 
 # Decision reasons of a re-run step's calls, and the gate reason of an unknown outcome.
@@ -72,25 +74,13 @@ _RECORDED, _UNKNOWN = "recorded", "unknown"
 
 
 @dataclass
-class Planned:
-    """One call of the step with its authorisation outcome."""
-
-    call: ev.RawToolUse
-    execution_id: str
-    decision: ev.Decision | None = None  # None: pre-execution failure decided by the executor
-    permission_event: ev.PermissionDecided | None = None
-    recorded: CallOutcome | None = None  # finished in an earlier run of the step: its outcome stands
-    fresh: bool = False  # the step was planned just now: no earlier attempt of the call exists
-
-
-@dataclass
 class LoopDriver:
     nc: NATS
     settings: Settings
     commits: CommitClient
     models: ModelFactory
-    tools: Any  # services.tools registry (live specs)
-    execute: Callable[..., Awaitable[list[ToolResultMessage]]]
+    tools: ToolLookup
+    execute: Execute
     # Step plans and tool-call records (None: not recorded, e.g. tests of the driver alone).
     results: ResultStore | None = None
     cache: dict[str, LoopHistory] = field(default_factory=dict)
@@ -270,8 +260,9 @@ class LoopDriver:
                     guard.check()
                 try:
                     with tracing.commit(self.settings.names.history_stream, h.loop_id, len(events)) as span:
+                        # Every tool_use input here was checked by the sanitiser or decoded from the history.
                         result = await self.commits.commit(
-                            h.loop_id, expected, events, max_record_bytes=self._max_record
+                            h.loop_id, expected, events, max_record_bytes=self._max_record, inputs_checked=True
                         )
                         span.set_attribute(telemetry.LW_STREAM_SEQ, result.last_seq)
                 except ConflictError:
@@ -365,7 +356,7 @@ class LoopDriver:
             await self._fail_turn(h, "model_error", str(e))
             return
         request = ModelRequest(
-            model=getattr(model, "model", ""),
+            model=model.model,
             system=h.config.system,
             messages=self._model_view(h),
             tools=self._tool_defs(h),
@@ -383,7 +374,7 @@ class LoopDriver:
                 async for chunk in model.stream(request):
                     if guard is not None and not guard.held:
                         guard.check()
-                    if chunk.kind in ("text", "refusal", "thinking", "signature", "tool_use"):
+                    if is_delta(chunk.kind):
                         delta = ev.TokenDelta(
                             loop_id=h.loop_id,
                             turn_id=t.turn_id,
@@ -412,31 +403,35 @@ class LoopDriver:
         if shaping.is_empty_response(ai):
             await self._fail_turn(h, "empty_response", "the model returned an empty response")
             return
-        stored, raw = shaping.sanitize_ai_message(ai)
-        if not raw:
+        stored, calls = shaping.sanitize_step(ai)
+        if not calls:
             await self._finish_turn(h, t, step_id, stored)
             return
         limits = h.config.limits
-        iterations, calls = t.tool_iterations + 1, t.tool_calls + len(raw)
-        if iterations > limits.max_iterations or calls > limits.max_calls_per_turn:
+        iterations, calls_so_far = t.tool_iterations + 1, t.tool_calls + len(calls)
+        if iterations > limits.max_iterations or calls_so_far > limits.max_calls_per_turn:
             await self._fail_turn(
                 h,
                 "tool_limit",
                 f"tool limit reached: iterations {iterations}/{limits.max_iterations}, "
-                f"calls {calls}/{limits.max_calls_per_turn}",
+                f"calls {calls_so_far}/{limits.max_calls_per_turn}",
             )
             return
-        suspended = ev.SuspendedStep(message=stored, calls=raw, decisions=[], iteration=iterations, calls_so_far=calls)
-        if self.results is not None and not all(
-            getattr(self._spec(h, c.name), "read_only", False) for c in raw if not c.minted_id
-        ):
+        suspended = ev.SuspendedStep(
+            message=stored,
+            calls=[c.raw() for c in calls],
+            decisions=[],
+            iteration=iterations,
+            calls_so_far=calls_so_far,
+        )
+        if self.results is not None and not all(_read_only(self._spec(h, c.name)) for c in calls if not c.minted_id):
             # (a step of read-only calls only needs no plan: asking the model again is harmless)
             if guard is not None:
                 guard.check()
             await self.results.record_plan(
                 StepPlan(loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, step=suspended)
             )
-        await self._authorise_and_run(h, t, step_id, suspended)
+        await self._authorise_and_run(h, t, step_id, suspended, calls)
 
     async def _resume(self, h: LoopHistory, g: GateState) -> None:
         """Continue a step parked at a gate with the operator's answer, without calling the model."""
@@ -514,15 +509,25 @@ class LoopDriver:
                 out.append(ToolDef(name=spec.name, description=spec.description, input_schema=spec.input_schema))
         return out
 
-    def _spec(self, h: LoopHistory, name: str) -> Any:
+    def _spec(self, h: LoopHistory, name: str) -> ToolSpec | None:
         if not tool_allowed_for_loop(h.config, name):
             return None
         return self.tools.get(name)
 
     async def _authorise_and_run(
-        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, *, rerun: bool = False
+        self,
+        h: LoopHistory,
+        t: OpenTurn,
+        step_id: str,
+        s: ev.SuspendedStep,
+        calls: list[ToolCall] | None = None,
+        *,
+        rerun: bool = False,
     ) -> None:
         """Authorise every call in call order (opening at most one gate), then run the batch and commit.
+
+        ``calls``: the step's calls as just checked (:func:`shared.shaping.sanitize_step`); None for
+        a step continued from its record (its plan or a gate), whose calls are checked here.
 
         ``rerun``: calls of this step may have been sent before (the step is continued from its plan
         or a gate); each call's record decides — finished: its outcome is reused; possibly run but
@@ -531,10 +536,10 @@ class LoopDriver:
         """
         decided = {d.tool_use_id: d for d in s.decisions}
         grants = always_allowed(h)
-        planned: list[Planned] = []
-        for call in s.calls:
+        planned: list[PlannedCall] = []
+        for call in calls if calls is not None else [ToolCall.of(c) for c in s.calls]:
             exec_id = execution_id_for(step_id, call.id)
-            p = Planned(call=call, execution_id=exec_id, fresh=not rerun)
+            p = PlannedCall(call=call, execution_id=exec_id, fresh=not rerun)
             planned.append(p)
             if rerun and self.results is not None and not call.minted_id:
                 prior = await self._prior(h, p)
@@ -546,7 +551,7 @@ class LoopDriver:
                 known = decided.get(call.id)
                 if prior == _UNKNOWN and not (known is not None and known.reason in (RERUN_APPROVED, "gate_denied")):
                     spec = self._spec(h, call.name)
-                    if not (getattr(spec, "read_only", False) or getattr(spec, "idempotent", False)):
+                    if spec is None or not spec.rerun_safe:
                         if h.config is not None and h.config.on_unknown == ON_UNKNOWN_ASK:
                             await self._open_gate(h, t, step_id, s, p, spec, kind="permission", unknown=True)
                             return
@@ -564,7 +569,7 @@ class LoopDriver:
                     p.recorded = forkcalls.recorded_outcome(await self._fork_results(h), call.name, call.input)
                 continue
             spec = self._spec(h, call.name)
-            if call.minted_id or spec is None or not is_strict(call.input):
+            if call.minted_id or spec is None or call.invalid:
                 continue  # a pre-execution failure: the executor reports it, no authorisation
             if h.forked is not None:
                 way = await self._fork_reexecution(h, p, spec)
@@ -575,7 +580,7 @@ class LoopDriver:
                     assert p.decision is not None
                     s = _with_decision(s, p.decision)
                     continue
-            if getattr(spec, "kind", "function") == "user_input":
+            if spec.kind == KIND_USER_INPUT:
                 await self._open_gate(h, t, step_id, s, p, spec, kind="user_input")
                 return
             effect = policy_effect(h.config, call.name, grants)
@@ -609,8 +614,8 @@ class LoopDriver:
             spec_of=lambda name: self._spec(h, name),
             fence=guard,
             retries=h.config.retries if h.config else None,
+            fit=RecordFit(s.message, self._max_record),
         )
-        results = _fit_results(s.message, results, self._max_record)
         await self._commit_tool_step(h, t, step_id, s.message, planned, results)
 
     async def _fork_results(self, h: LoopHistory) -> forkcalls.SourceResults:
@@ -620,7 +625,7 @@ class LoopDriver:
             self._fork_sources[h.loop_id] = found
         return found or {}
 
-    async def _fork_reexecution(self, h: LoopHistory, p: Planned, spec: Any) -> str:
+    async def _fork_reexecution(self, h: LoopHistory, p: PlannedCall, spec: ToolSpec) -> str:
         """In a fork, for a call equal to one the source made after the fork point: reuse (sets the
         decision and the source's outcome), rerun or ask; "" for any other call."""
         assert h.forked is not None
@@ -635,18 +640,18 @@ class LoopDriver:
             )
         return way
 
-    async def _prior(self, h: LoopHistory, p: Planned) -> str:
+    async def _prior(self, h: LoopHistory, p: PlannedCall) -> str:
         """What an earlier run of the step left of this call: "" (nothing: it never started, or it
         was sent with other arguments, which its worker refuses), recorded, or unknown."""
         assert self.results is not None
         rec = await self.results.call(p.call.name, p.execution_id)
-        if rec is None or rec.args_digest != args_digest(p.call.input.encode()):
+        if rec is None or rec.args_digest != args_digest(p.call.data):
             return ""
         if rec.state != DONE:
             # Started and not done: maybe still running on its worker (our predecessor stopped, not
             # the worker) — then its result comes within the call's deadline, unless the worker is gone.
             spec = self.tools.get(p.call.name)
-            timeout = float(getattr(spec, "timeout_seconds", self.settings.tool_timeout_seconds))
+            timeout = float(spec.timeout_seconds if spec is not None else self.settings.tool_timeout_seconds)
             left = rec.started_ms / 1000 + timeout + 3 * self.settings.heartbeat_seconds - time.time()
             until = time.monotonic() + max(0.0, left)
             while rec.state != DONE:
@@ -660,7 +665,7 @@ class LoopDriver:
         return _RECORDED
 
     def _decided(
-        self, h: LoopHistory, t: OpenTurn, step_id: str, p: Planned, effect: str, reason: str
+        self, h: LoopHistory, t: OpenTurn, step_id: str, p: PlannedCall, effect: str, reason: str
     ) -> ev.PermissionDecided:
         return make(
             ev.PermissionDecided,
@@ -679,15 +684,15 @@ class LoopDriver:
         t: OpenTurn,
         step_id: str,
         s: ev.SuspendedStep,
-        p: Planned,
-        spec: Any,
+        p: PlannedCall,
+        spec: ToolSpec | None,
         *,
         kind: ev.GateKind,
         unknown: bool = False,
         fork: bool = False,
     ) -> None:
         gate_id = new_id()
-        common: dict[str, Any] = {
+        common: dict[str, str] = {
             "loop_id": h.loop_id,
             "turn_id": t.turn_id,
             "step_id": step_id,
@@ -758,7 +763,7 @@ class LoopDriver:
         t: OpenTurn,
         step_id: str,
         stored: AIMessage,
-        planned: list[Planned],
+        planned: list[PlannedCall],
         results: list[ToolResultMessage],
     ) -> None:
         decisions = [p.permission_event for p in planned if p.permission_event is not None]
@@ -791,25 +796,13 @@ def _with_decision(s: ev.SuspendedStep, decision: ev.Decision) -> ev.SuspendedSt
     )
 
 
+def _read_only(spec: ToolSpec | None) -> bool:
+    return spec is not None and spec.read_only
+
+
 def _has_policy(config: ev.LoopStarted | None) -> bool:
     """A loop with no policy at all allows every call; there is no decision worth recording per call."""
     return config is not None and (bool(config.policy) or config.default_policy != ALLOW)
-
-
-def _fit_results(ai: AIMessage, results: list[ToolResultMessage], max_record: int) -> list[ToolResultMessage]:
-    """Shrink tool outputs (head/tail truncation) so the step group fits in one durable record."""
-    size = len(msgspec.json.encode([ai, *results]))
-    budget = int(max_record * 0.9) - 4096  # room for the envelope, header fields and other events
-    if size <= budget or not results:
-        return results
-    fixed = len(msgspec.json.encode(ai)) + 200 * len(results)
-    per = max(256, (budget - fixed) // len(results))
-    return [
-        shaping.tool_result_message(
-            r.tool_use_id, shaping.flatten_to_text(r.blocks or []), is_error=r.is_error, max_bytes=per
-        )
-        for r in results
-    ]
 
 
 Position = tuple[str, int, bool]
@@ -823,8 +816,9 @@ def _position(h: LoopHistory) -> Position:
 
 
 def _question_of(raw: str) -> tuple[str, list[str]]:
+    # (a gated call's arguments were checked when it was planned: this only reads them)
     try:
-        args = loads(raw)
+        args = json.loads(raw)
     except ValueError:
         return "(the model sent an unreadable question)", []
     if not isinstance(args, dict):

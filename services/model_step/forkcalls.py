@@ -7,12 +7,13 @@ the tool's safety annotations: read-only → rerun, idempotent → reuse, anythi
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from nats.aio.client import Client as NATS
 
 from services.tools import protocol as tp
 from services.tools.client import OK, CallOutcome
+from services.tools.spec import ToolSpec
 from shared.content import ToolResultMessage
 from shared.events import LoopForked
 from shared.forking import call_key, source_results
@@ -31,14 +32,14 @@ FORK_RERUN_SUMMARY: Final = "forked: the source made this call; approve runs it 
 SourceResults = dict[tuple[str, str], ToolResultMessage]
 
 
-def reexecution_for(forked: LoopForked, tool_name: str, spec: Any) -> str:
+def reexecution_for(forked: LoopForked, tool_name: str, spec: ToolSpec | None) -> str:
     """reuse | rerun | ask for a repeated call of ``tool_name``: the fork's rule, ``*``, then the annotations."""
     explicit = forked.reexecution.get(tool_name) or forked.reexecution.get("*")
     if explicit:
         return explicit
-    if getattr(spec, "read_only", False):
+    if spec is not None and spec.read_only:
         return RERUN
-    if getattr(spec, "idempotent", False):
+    if spec is not None and spec.idempotent:
         return REUSE
     return ASK
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from services.model_step.models.base import FINISH_END_TURN, FINISH_TOOL_USE, StreamAccumulator
+from services.model_step.models.accumulator import StreamAccumulator
+from services.model_step.models.base import FINISH_END_TURN, FINISH_TOOL_USE
 from shared import logfmt, metrics, telemetry
 from shared.content import ToolUseBlock
 from shared.history import LoopHistory

@@ -1,6 +1,7 @@
 """Run one step's batch of tool calls.
 
-Input: the planned calls in the order the model made them — each the raw tool-use view, the
+Input: the planned calls (:class:`~services.tools.base.PlannedCall`) in the order the model made
+them — each the checked tool call (:class:`~shared.toolcall.ToolCall`), the
 ``tool_execution_id`` the caller minted and the authorisation decision (approve / deny with the
 model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Output: exactly one
 :class:`~shared.content.ToolResultMessage` per call, in call order, each one text block.
@@ -29,7 +30,8 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
    every replica reports its backend down, or the worker's own reason); heartbeat loss, garbage reply, worker
    failure → ``error: tool crashed: <why>``; cancelled via toolctl → ``error: tool call canceled``.
    ToolCallCompleted carries the bounded preview of the (shaped) result text and the duration.
-5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation.
+5. Results are shaped to ``max_result_bytes`` (0 = unbounded) with head/tail truncation, and then,
+   when the caller asks (``fit``), shrunk further so that the step group fits one durable record.
 
 Cancelling the batch (an anyio cancel scope around :func:`run_batch`) cancels the in-flight calls
 (toolctl is published for each) and propagates; no results are returned.
@@ -37,27 +39,29 @@ Cancelling the batch (an anyio cancel scope around :func:`run_batch`) cancels th
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final
 
 import anyio
 import msgspec
+from nats.aio.client import Client as NATS
 
 from services.tools import client as cl
 from services.tools import tracing as tool_tracing
+from services.tools.base import Fence, PlannedCall, Publisher, RecordFit, SpecOf
 from services.tools.protocol import CallIds
-from services.tools.spec import retry_policy, valid_tool_name
+from services.tools.registry import LiveTool, ToolRegistry
+from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
 from shared import shaping, telemetry
 from shared.codec import encode_live
 from shared.content import ToolResultMessage
 from shared.events import (
-    Decision,
     Event,
     Limits,
-    RawToolUse,
     RetryPolicy,
     ToolCallCompleted,
     ToolCallProgress,
@@ -65,75 +69,21 @@ from shared.events import (
 )
 from shared.events import type_name as event_type_name
 from shared.settings import Settings
-from shared.strictjson import StrictJSONError, loads
 from shared.subjects import Names
 
 log = logging.getLogger("loopwire.tools.executor")
 
 DEFAULT_MAX_PARALLEL = 8
 
-Publisher = Callable[[Event], Awaitable[None]]
-
-
-class CallPlan(Protocol):
-    """What the executor reads of a planned call (the model-step's own type fits structurally).
-
-    A plan may also carry ``recorded`` (a :class:`~services.tools.client.CallOutcome`): the call
-    finished in an earlier run of its step, so its recorded outcome is used and nothing is sent; and
-    ``fresh`` (bool): its step was planned just now, so no earlier attempt of the call exists and its
-    first send tells the worker (``Lw-First-Send``).
-    """
-
-    @property
-    def call(self) -> RawToolUse: ...
-
-    @property
-    def execution_id(self) -> str: ...
-
-    @property
-    def decision(self) -> Decision | None: ...
-
-
-@dataclass
-class PlannedCall:
-    call: RawToolUse
-    execution_id: str
-    decision: Decision | None = None
-    recorded: cl.CallOutcome | None = None
-
-    @classmethod
-    def approved(cls, call: RawToolUse, execution_id: str) -> PlannedCall:
-        return cls(call, execution_id, Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="approve"))
-
-    @classmethod
-    def denied(cls, call: RawToolUse, execution_id: str, text: str) -> PlannedCall:
-        d = Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="deny", text=text)
-        return cls(call, execution_id, d)
-
-    @classmethod
-    def replied(cls, call: RawToolUse, execution_id: str, text: str) -> PlannedCall:
-        d = Decision(tool_use_id=call.id, tool_execution_id=execution_id, effect="reply", text=text)
-        return cls(call, execution_id, d)
-
-
-class SpecLike(Protocol):
-    """The spec fields the executor uses (a ToolSpec / LiveTool)."""
-
-    name: str
-    sequential: bool
-    write_target: str
-    timeout_seconds: float
-
-
-SpecOf = Callable[[str], Any]
+__all__ = ["Executor", "PlannedCall", "fit_results", "make_executor", "normalise", "run_batch"]
 
 
 @dataclass
 class _Item:
     index: int
-    plan: CallPlan
+    plan: PlannedCall
     summary: str
-    spec: Any = None
+    spec: ToolSpec | None = None
     text: str | None = None  # set once the call's result is known
     is_error: bool = False
     write_key: str | None = None
@@ -145,23 +95,12 @@ class _Item:
 NOT_STARTED_RESENDS: Final = 3
 
 
-class Fence(Protocol):
-    """The caller's right to start side effects (the model-step's loop lease)."""
-
-    @property
-    def held(self) -> bool: ...
-
-    def start_by_ms(self) -> int: ...
-
-
-def _write_key(spec: Any, raw_input: str) -> str | None:
-    target = getattr(spec, "write_target", "")
+def _write_key(spec: ToolSpec, raw_input: str) -> str | None:
+    """The call's write target key (``raw_input`` is strict JSON: the call was checked when planned)."""
+    target = spec.write_target
     if not target:
         return None
-    try:
-        args = loads(raw_input)
-    except StrictJSONError:
-        return None
+    args = json.loads(raw_input)
     if not isinstance(args, dict) or args.get(target) in (None, ""):
         return None  # no value, null or "": the call has no write target
     return msgspec.json.encode(args[target], order="sorted").decode()
@@ -177,29 +116,25 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
         item.text, item.is_error = decision.text, False
         return
     spec = spec_of(use.name) if valid_tool_name(use.name) else None
-    recorded: cl.CallOutcome | None = getattr(item.plan, "recorded", None)
+    recorded = item.plan.recorded
     if recorded is not None and decision is not None and decision.effect == "approve":
         # It finished in an earlier run of this step: that outcome stands (even if the tool is gone now).
-        timeout = float(getattr(spec, "timeout_seconds", 0.0) or 0.0)
+        timeout = float(spec.timeout_seconds or 0.0) if spec is not None else 0.0
         item.text, item.is_error = normalise(use.name, timeout, recorded)
         item.replayed = True
         return
     if spec is None:
         item.text, item.is_error = shaping.unknown_tool(use.name), True
         return
-    if getattr(spec, "replicas", 1) == 0 and not (
-        getattr(spec, "read_only", False) or getattr(spec, "idempotent", False)
-    ):
+    if isinstance(spec, LiveTool) and spec.replicas == 0 and not spec.rerun_safe:
         # (a read-only or idempotent tool is sent anyway: its retry policy waits for a worker)
         item.text, item.is_error = shaping.tool_unavailable(use.name), True
         return
-    if getattr(spec, "conflict", None):
+    if isinstance(spec, LiveTool) and spec.conflict:
         reason = f"conflicting versions live: {', '.join(spec.conflict)}"
         item.text, item.is_error = shaping.tool_unavailable(use.name, reason), True
         return
-    try:
-        loads(use.input)
-    except StrictJSONError:
+    if use.invalid:
         item.text, item.is_error = shaping.INVALID_JSON_ARGUMENTS, True
         return
     if decision is None or decision.effect != "approve":
@@ -211,7 +146,7 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
 
 
 async def run_batch(
-    planned: Sequence[CallPlan],
+    planned: Sequence[PlannedCall],
     *,
     loop_id: str,
     turn_id: str,
@@ -225,8 +160,12 @@ async def run_batch(
     traceparent: str = "",
     fence: Fence | None = None,
     retries: Mapping[str, RetryPolicy] | None = None,
+    fit: RecordFit | None = None,
 ) -> list[ToolResultMessage]:
     """Run one step's calls; one result per call, in call order (see the module docstring).
+
+    ``fit``: the results are shaped further, when needed, so that they fit one durable record
+    together with the step's assistant message (:func:`fit_results`).
 
     ``retries``: per tool, the loop's override of the tool's retry policy (only read-only and
     idempotent tools are ever retried; see :func:`services.tools.spec.retry_policy`).
@@ -290,6 +229,7 @@ async def run_batch(
 
     async def run_one(item: _Item) -> None:
         use, spec = item.plan.call, item.spec
+        assert spec is not None  # set by the checks for every call that runs
         item.started = time.monotonic()
         if fence is not None and not fence.held:
             item.text, item.is_error = shaping.TOOL_CALL_CANCELED, True
@@ -317,14 +257,14 @@ async def run_batch(
                 traceparent=telemetry.traceparent() or traceparent,
             )
             policy = retry_policy(spec, (retries or {}).get(use.name))
-            fresh = bool(getattr(item.plan, "fresh", False))
+            fresh = item.plan.fresh
             backoff = policy.initial_backoff_seconds
             attempt = 1
             while True:
                 for resend in range(NOT_STARTED_RESENDS + 1):
                     outcome = await client.call(
                         use.name,
-                        use.input.encode(),
+                        use.data,
                         ids=call_ids,
                         timeout=float(spec.timeout_seconds),
                         on_progress=on_progress,
@@ -335,7 +275,7 @@ async def run_batch(
                     # never ran, so send it again while our lease holds.
                     if outcome.status != cl.NOT_STARTED or fence is None or not fence.held:
                         break
-                healthy = getattr(spec, "healthy", True)  # False: every replica's backend is down (restarting)
+                healthy = spec.healthy  # False: every replica's backend is down (restarting)
                 if (
                     outcome.status == cl.UNAVAILABLE
                     and not outcome.worker_id
@@ -354,9 +294,9 @@ async def run_batch(
                 backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
                 attempt += 1
             item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not getattr(spec, "healthy", True):
+            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not spec.healthy:
                 # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
-                source = getattr(spec, "source", "") or "its backend"
+                source = spec.source or "its backend"
                 item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
             status = ("error" if item.is_error else "ok") if outcome.status == cl.OK else outcome.status
             tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, item.text)
@@ -364,7 +304,7 @@ async def run_batch(
 
     runnable = [it for it in items if it.text is None]
     for item in runnable:
-        if item.spec.sequential:
+        if item.spec is not None and item.spec.sequential:
             await run_one(item)
 
     limiter = anyio.CapacityLimiter(max(1, max_parallel))
@@ -382,7 +322,7 @@ async def run_batch(
 
     async with anyio.create_task_group() as tg:
         for item in runnable:
-            if item.spec.sequential:
+            if item.spec is not None and item.spec.sequential:
                 continue
             after = done = None
             if item.write_key is not None:
@@ -390,7 +330,24 @@ async def run_batch(
                 done = last_of_key[item.write_key] = anyio.Event()
             tg.start_soon(run_parallel, item, after, done)
 
-    return [shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error) for it in items]
+    results = [shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error) for it in items]
+    return results if fit is None else fit_results(fit, results)
+
+
+def fit_results(fit: RecordFit, results: list[ToolResultMessage]) -> list[ToolResultMessage]:
+    """Shrink tool outputs (head/tail truncation) so the step group fits in one durable record."""
+    size = len(msgspec.json.encode([fit.message, *results]))
+    budget = int(fit.max_record_bytes * 0.9) - 4096  # room for the envelope, header fields and other events
+    if size <= budget or not results:
+        return results
+    fixed = len(msgspec.json.encode(fit.message)) + 200 * len(results)
+    per = max(256, (budget - fixed) // len(results))
+    return [
+        shaping.tool_result_message(
+            r.tool_use_id, shaping.flatten_to_text(r.blocks or []), is_error=r.is_error, max_bytes=per
+        )
+        for r in results
+    ]
 
 
 def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, bool]:
@@ -414,7 +371,7 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
 # --- wiring for the model-step service -------------------------------------------------------------
 
 
-def live_publisher(nc: Any, names: Names) -> Publisher:
+def live_publisher(nc: NATS, names: Names) -> Publisher:
     """Publish events on ``<prefix>.live.<loop_id>.<Type>`` (core, may be dropped)."""
 
     async def publish(event: Event) -> None:
@@ -424,13 +381,13 @@ def live_publisher(nc: Any, names: Names) -> Publisher:
 
 
 class Executor:
-    """``execute(loop_id=, turn_id=, step_id=, planned=, limits=, spec_of=None)`` for the model-step."""
+    """The model-step's :class:`~services.tools.base.Execute`: runs a batch with the registry's specs."""
 
     def __init__(
         self,
-        nc: Any,
+        nc: NATS,
         names: Names,
-        registry: Any,
+        registry: ToolRegistry,
         settings: Settings,
         *,
         publish: Publisher | None = None,
@@ -446,12 +403,13 @@ class Executor:
         loop_id: str,
         turn_id: str,
         step_id: str,
-        planned: Sequence[CallPlan],
+        planned: Sequence[PlannedCall],
         limits: Limits | None = None,
         spec_of: SpecOf | None = None,
         traceparent: str = "",
         fence: Fence | None = None,
         retries: Mapping[str, RetryPolicy] | None = None,
+        fit: RecordFit | None = None,
     ) -> list[ToolResultMessage]:
         lim = limits or Limits()
         return await run_batch(
@@ -464,15 +422,16 @@ class Executor:
             publish=self.publish,
             max_parallel=lim.max_parallel or DEFAULT_MAX_PARALLEL,
             max_result_bytes=lim.max_result_bytes,
-            on_unavailable=getattr(self.registry, "mark_no_workers", None),
+            on_unavailable=self.registry.mark_no_workers,
             traceparent=traceparent,
             fence=fence,
             retries=retries,
+            fit=fit,
         )
 
     async def close(self) -> None:
         await self.client.close()
 
 
-def make_executor(nc: Any, names: Names, registry: Any, settings: Settings) -> Executor:
+def make_executor(nc: NATS, names: Names, registry: ToolRegistry, settings: Settings) -> Executor:
     return Executor(nc, names, registry, settings)

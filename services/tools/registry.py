@@ -25,8 +25,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable
+from typing import Final, Protocol, cast
 
 import anyio
 import msgspec
@@ -63,7 +63,8 @@ def registration_key(tool_name: str, worker_id: str) -> str:
     return f"{tool_name}.{worker_id}"
 
 
-class LiveTool(ToolSpec, kw_only=True):
+# (ToolSpec.input_schema is a JSON Schema of any JSON values: the one Any of this module.)
+class LiveTool(ToolSpec, kw_only=True):  # type: ignore[explicit-any]
     """A tool as the registry sees it: the spec plus how many workers serve it."""
 
     replicas: int = 0
@@ -73,6 +74,14 @@ class LiveTool(ToolSpec, kw_only=True):
 
 
 _reg_decoder = msgspec.json.Decoder(Registration)
+
+
+class _Watcher(Protocol):
+    """What the registry uses of a KV watch (nats-py's watcher is untyped)."""
+
+    def __aiter__(self) -> AsyncIterator[KeyValue.Entry | None]: ...
+
+    async def stop(self) -> None: ...
 
 
 class ToolRegistry:
@@ -89,7 +98,7 @@ class ToolRegistry:
         self._loaded = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._watcher: Any = None
+        self._watcher: _Watcher | None = None
         self._seq = 0
         self._last_put = time.monotonic()  # when the last registration arrived (see _sweep)
 
@@ -102,7 +111,7 @@ class ToolRegistry:
 
     async def start(self, timeout: float = 10.0) -> None:
         kv = await ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
-        self._watcher = await kv.watchall()
+        self._watcher = cast(_Watcher, await kv.watchall())
         self._task = asyncio.get_running_loop().create_task(self._follow())
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         with anyio.fail_after(timeout):

@@ -8,8 +8,9 @@ import msgspec
 import pytest
 
 from services.model_step.models import resolve_model
+from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.anthropic import AnthropicModel
-from services.model_step.models.base import ModelRequest, ModelStreamError, StreamAccumulator, ToolDef
+from services.model_step.models.base import ModelRequest, ModelStreamError, ToolDef
 from services.model_step.models.config import ProviderConfig
 from shared.content import (
     AIMessage,

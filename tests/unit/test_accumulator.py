@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.model_step.models.base import ModelChunk, ModelError, StreamAccumulator
+from services.model_step.models.accumulator import StreamAccumulator
+from services.model_step.models.base import ModelChunk, ModelError
 from shared.content import RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock, Usage
 
 

@@ -136,7 +136,7 @@ def call(name: str, args: object | str, *, approve: bool = True, tool_id: str | 
     raw = args if isinstance(args, str) else msgspec.json.encode(args).decode()
     use = RawToolUse(id=tool_id or f"toolu_{_n}", name=name, input=raw)
     exec_id = str(uuid.uuid4())
-    return PlannedCall.approved(use, exec_id) if approve else PlannedCall(use, exec_id)
+    return PlannedCall.approved(use, exec_id) if approve else PlannedCall.of(use, exec_id)
 
 
 def text(r: ToolResultMessage) -> str:

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from services.model_step.models import resolve_model
-from services.model_step.models.base import ModelChunk, ModelRequest, StreamAccumulator, ToolDef
+from services.model_step.models.accumulator import StreamAccumulator
+from services.model_step.models.base import ModelChunk, ModelRequest, ToolDef
 from services.model_step.models.demo import LABEL, DemoModel, choose_calls
 from shared.content import AIMessage, Message, ToolUseBlock, Usage, text_of, tool_result, tool_uses, user_text
 

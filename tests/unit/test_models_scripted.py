@@ -10,13 +10,13 @@ import anyio
 import pytest
 
 from services.model_step.models import resolve_model
+from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
     ModelChunk,
     ModelError,
     ModelRequest,
     ModelStreamError,
     ModelUnavailableError,
-    StreamAccumulator,
 )
 from services.model_step.models.scripted import ScriptedModel, ScriptError
 from shared.content import AIMessage, Message, ToolUseBlock, text_of, tool_result, tool_uses, user_text

@@ -5,6 +5,7 @@
 ``anthropic:<model>`` (the Anthropic Messages API). See docs/models.md.
 """
 
+from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
     CHUNK_KINDS,
     FINISH_END_TURN,
@@ -18,10 +19,9 @@ from services.model_step.models.base import (
     ModelRequest,
     ModelStreamError,
     ModelUnavailableError,
-    StreamAccumulator,
     ToolDef,
-    resolve_model,
 )
+from services.model_step.models.registry import MODEL_SPECS, resolve_model
 
 __all__ = [
     "CHUNK_KINDS",
@@ -30,6 +30,7 @@ __all__ = [
     "FINISH_REFUSAL",
     "FINISH_STOP_SEQUENCE",
     "FINISH_TOOL_USE",
+    "MODEL_SPECS",
     "Model",
     "ModelChunk",
     "ModelError",

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from services.model_step.models.errors import ModelError
+from services.model_step.models.base import ModelChunk, ModelError
+from shared import shaping
 from shared.content import AIMessage, Block, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock, Usage
 from shared.events import RawToolUse
-
-if TYPE_CHECKING:
-    from services.model_step.models.base import ModelChunk
 
 
 @dataclass(slots=True)
@@ -120,12 +117,5 @@ class StreamAccumulator:
 
     @property
     def has_content(self) -> bool:
-        """False for an empty response: no tool use, no non-empty text, no refusal, no thinking."""
-        for slot in self._slots.values():
-            if slot.kind in ("tool_use", "refusal"):
-                return True
-            if slot.kind == "text" and any(slot.parts):
-                return True
-            if slot.kind == "thinking" and (any(slot.parts) or slot.signature):
-                return True
-        return False
+        """False for an empty response (the rule is :func:`shared.shaping.is_empty_response`)."""
+        return not shaping.is_empty_response(self.message())

@@ -1,8 +1,10 @@
 """The provider interface every model implements: request, streamed chunks, typed errors.
 
 A model turns a :class:`ModelRequest` (system prompt, full history, live tools) into an async
-stream of :class:`ModelChunk`. The caller folds the chunks with :class:`StreamAccumulator`
-(re-exported here) and publishes each chunk as a TokenDelta before folding it.
+stream of :class:`ModelChunk`. The caller folds the chunks with
+:class:`~services.model_step.models.accumulator.StreamAccumulator` and publishes each chunk as a
+TokenDelta before folding it. The adapters import this module; it imports none of them (the
+registry of adapters, ``resolve_model``, is :mod:`services.model_step.models.registry`).
 
 Errors: :class:`ModelUnavailableError` means no chunk was produced (the stream could not start,
 after retries); :class:`ModelStreamError` means the stream failed part-way (the caller keeps only
@@ -15,21 +17,27 @@ Callers that may stop early should wrap the iterator in ``contextlib.aclosing``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from collections.abc import AsyncIterator
+from typing import Any, Final, Protocol, TypeGuard
 
 import msgspec
 
-from services.model_step.models.config import provider_config
 from services.model_step.models.errors import ModelError, ModelStreamError, ModelUnavailableError
 from shared.content import Message, Usage
-
-if TYPE_CHECKING:
-    from shared.settings import Settings
+from shared.wiretypes import CHUNK_KINDS as DELTA_CHUNK_KINDS
+from shared.wiretypes import ChunkKind
 
 # --- chunks -------------------------------------------------------------------------------------
 
-CHUNK_KINDS: Final = ("text", "refusal", "thinking", "signature", "tool_use", "usage", "finish")
+# The kinds published as TokenDelta (the wire vocabulary), then the two that only end a stream.
+DELTA_KINDS: Final = frozenset(DELTA_CHUNK_KINDS)
+CHUNK_KINDS: Final = (*DELTA_CHUNK_KINDS, "usage", "finish")
+
+
+def is_delta(kind: str) -> TypeGuard[ChunkKind]:
+    """A chunk of this kind is published as a TokenDelta (usage and finish are not)."""
+    return kind in DELTA_KINDS
+
 
 # Normalised finish reasons (adapters map the provider's value; anything else passes through raw).
 FINISH_END_TURN: Final = "end_turn"
@@ -63,12 +71,13 @@ class ModelChunk(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True,
 # --- requests -----------------------------------------------------------------------------------
 
 
-class ToolDef(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+# (input_schema is a JSON Schema of any JSON values: msgspec has no JSON-value type that also makes a schema.)
+class ToolDef(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):  # type: ignore[explicit-any]
     """A tool offered to the model: its JSON Schema is passed to the provider as is."""
 
     name: str
     description: str = ""
-    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)  # type: ignore[explicit-any]
 
 
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
@@ -93,57 +102,28 @@ class ModelRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Model(Protocol):
-    """A streaming model. ``stream`` is an async generator: nothing happens until iterated."""
+    """A streaming model. ``stream`` is an async generator: nothing happens until iterated.
+
+    ``name`` is its spec as shown (``openai:gpt-4o``); ``model`` the provider's model name sent in
+    the request ("" for models that are not a provider's).
+    """
 
     name: str
+    model: str
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
 
 
-# --- selecting a model --------------------------------------------------------------------------
+class ModelFactory(Protocol):
+    """The model for a spec (``demo``, ``openai:<model>``...); raises :class:`ModelError` for a bad one."""
 
-MODEL_SPECS: Final = ("demo", "scripted:<path>", "openai:<model>", "anthropic:<model>")
+    def __call__(self, spec: str, /) -> Model: ...
 
-
-def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[str, str] | None = None) -> Model:
-    """The model for a spec: ``demo``, ``scripted:<path>``, ``openai:<model>``, ``anthropic:<model>``.
-
-    Provider configuration (base URL, API key) comes from ``settings`` when it carries the
-    provider fields, else from ``env`` (default ``os.environ``); see ``models/config.py``.
-    Raises :class:`ModelError` for an unknown spec or a bad scripted file.
-    """
-    # The models are imported here because they import this module.
-    spec = spec.strip()
-    kind, sep, rest = spec.partition(":")
-    if spec == "demo":
-        from services.model_step.models.demo import DemoModel
-        from shared.settings import Settings
-
-        st = settings if settings is not None else Settings.from_env(env)
-        return DemoModel(chunk_delay=st.demo_chunk_delay)
-    if sep and kind == "scripted" and rest:
-        from services.model_step.models.scripted import ScriptedModel
-
-        return ScriptedModel.from_file(rest)
-    if sep and kind == "openai" and rest:
-        from services.model_step.models.openai_compat import OpenAICompatModel
-
-        return OpenAICompatModel(rest, provider_config("openai", settings, env))
-    if sep and kind == "anthropic" and rest:
-        from services.model_step.models.anthropic import AnthropicModel
-
-        return AnthropicModel(rest, provider_config("anthropic", settings, env))
-    shown = spec if len(spec) <= 80 else spec[:80] + "…"
-    raise ModelError(f"unknown model {shown!r}: expected one of {', '.join(MODEL_SPECS)}")
-
-
-# Re-exported so the whole interface is importable from this module; the accumulator module
-# imports nothing from here at run time, so there is no import cycle.
-from services.model_step.models.accumulator import StreamAccumulator  # noqa: E402
 
 __all__ = [
     "CHUNK_KINDS",
     "DEFAULT_TIMEOUT_SECONDS",
+    "DELTA_KINDS",
     "FINISH_END_TURN",
     "FINISH_MAX_TOKENS",
     "FINISH_REFUSAL",
@@ -152,10 +132,10 @@ __all__ = [
     "Model",
     "ModelChunk",
     "ModelError",
+    "ModelFactory",
     "ModelRequest",
     "ModelStreamError",
     "ModelUnavailableError",
-    "StreamAccumulator",
     "ToolDef",
-    "resolve_model",
+    "is_delta",
 ]

@@ -259,6 +259,7 @@ class DemoModel:
 
     def __init__(self, *, chunk_delay: float = 0.0) -> None:
         self.name = "demo"
+        self.model = ""  # not a provider's model
         self._delay = chunk_delay  # > 0 makes the streaming visible in a live view
 
     def __repr__(self) -> str:

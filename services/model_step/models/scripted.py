@@ -156,6 +156,7 @@ class ScriptedModel:
 
     def __init__(self, script: Script, name: str = "scripted") -> None:
         self.name = name
+        self.model = ""  # not a provider's model
         self.script = script
 
     def __repr__(self) -> str:
