@@ -153,7 +153,7 @@ class Event(msgspec.Struct, tag_field="type", tag=True, omit_defaults=True, forb
 
 
 class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    """Per-loop limits (seed defaults). ``max_result_bytes`` 0 = unbounded, else ≥ 256."""
+    """Per-loop limits (the defaults are the documented ones). ``max_result_bytes`` 0 = unbounded, else ≥ 256."""
 
     max_iterations: LimitValue = 25
     max_calls_per_turn: LimitValue = 100
