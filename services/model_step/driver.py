@@ -384,7 +384,8 @@ class LoopDriver:
                                 kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
                             ),
                         )
-                        await self.nc.publish(live, encode_live(delta))  # published before folding: no step holds a chunk not yet seen live
+                        # published before folding: no step holds a chunk not yet seen live
+                        await self.nc.publish(live, encode_live(delta))
                     acc.add(chunk)
                 tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
