@@ -10,7 +10,9 @@
 
 The function takes one msgspec Struct (its JSON Schema is the tool's ``input_schema``) and optionally
 a :class:`ToolContext` second. It may be async or sync (sync ones run in a worker thread) and returns
-a ``str``, a list of content blocks, a :class:`ToolOutput`, or ``None`` (an empty result). Raising
+a ``str``, a list of content blocks, a :class:`ToolOutput`, or ``None`` (an empty result). A sync
+function declared ``inline=True`` runs on the worker's event loop instead (for quick, non-blocking
+work: no thread hop, but it holds up every other call while it runs). Raising
 :class:`ToolError` (or any exception) makes an ``error: ...`` result; nothing a caller sends crashes
 the worker.
 """
@@ -102,7 +104,8 @@ class ToolContext:
         # The call's ``execute_tool`` span (a no-op object while tracing is off): add attributes/events.
         self.span = telemetry.current_span()
         self._sink = progress_sink
-        self._cancelled = threading.Event()
+        # A plain flag: written on the loop, read from a tool's thread (a bool is safe to share).
+        self._cancelled = False
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -119,10 +122,10 @@ class ToolContext:
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def cancel(self) -> None:
-        self._cancelled.set()
+        self._cancelled = True
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never negative), or None without one."""
@@ -164,6 +167,7 @@ class Tool:
     retry: RetryPolicy | None = None
     takes_context: bool = False
     is_async: bool = False
+    inline: bool = False  # a sync function run on the event loop (see tool())
     input_schema: dict[str, Any] = field(default_factory=dict)
     _decoder: msgspec.json.Decoder[Any] | None = None
 
@@ -176,6 +180,8 @@ class Tool:
             raise ValueError(f"write_target {self.write_target!r} is not a field of {self.input_type.__name__}")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError("timeout must be > 0 seconds")
+        if self.inline and self.is_async:
+            raise ValueError("inline applies to sync functions (async ones already run on the event loop)")
         if self.read_only and self.destructive:
             raise ValueError("a tool cannot be both read_only and destructive")
         if (r := self.retry) is not None:
@@ -252,6 +258,7 @@ def tool(
     destructive: bool = False,
     open_world: bool = False,
     retry: RetryPolicy | None = None,
+    inline: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -272,6 +279,7 @@ def tool(
     destructive: bool = False,
     open_world: bool = False,
     retry: RetryPolicy | None = None,
+    inline: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. ``name`` defaults to the function's name, ``description`` to its docstring.
 
@@ -284,6 +292,10 @@ def tool(
     arguments has no further effect), ``destructive``, ``open_world``. Only a read-only or idempotent
     tool is ever run again when its first outcome is unknown, and only such a tool is retried
     (``retry``, default 4 attempts, backoff 0.5 s doubling up to 4 s); see docs/tools.md.
+
+    ``inline``: a sync function that is quick and never blocks (no I/O, bounded work) runs on the
+    worker's event loop instead of a worker thread. It cannot be interrupted by a cancel or its
+    deadline once started, and every other call waits while it runs: never for blocking work.
     """
 
     def build(f: Callable[..., Any], localns: dict[str, Any]) -> Tool:
@@ -305,6 +317,7 @@ def tool(
             retry=retry,
             takes_context=takes_ctx,
             is_async=inspect.iscoroutinefunction(f),
+            inline=inline,
         )
 
     # The declaring frame's locals resolve string annotations of tools declared inside functions.
@@ -352,6 +365,8 @@ async def invoke(t: Tool, raw: bytes, ctx: ToolContext) -> ResultBody:
     try:
         if t.is_async:
             value = await t.fn(*call_args)
+        elif t.inline:  # declared quick and non-blocking: no thread hop
+            value = t.fn(*call_args)
         else:
             value = await anyio.to_thread.run_sync(functools.partial(t.fn, *call_args), abandon_on_cancel=True)
         if inspect.isawaitable(value):  # a sync def returning an awaitable

@@ -1,9 +1,12 @@
 """Serve tools as NATS workers: queue-group subscriptions, heartbeats, deadlines, cancel, drain.
 
 One :class:`Worker` serves any number of tools over one connection. Each call runs as its own task
-(nats-py runs a subscription's callback sequentially, so the callback only spawns). While a call
-runs, the worker sends a progress reply every ``heartbeat_seconds``; it cancels the call at the
-request's deadline (``error`` reply ``timeout``) or on ``<prefix>.toolctl.<execution_id>``
+(nats-py runs a subscription's callback sequentially, so the callback only spawns) — except a call
+of an ``inline`` tool that needs no result record before it runs: it never waits, so it runs to its
+reply in the callback itself. A call that runs longer than ``heartbeat_seconds`` gets a progress
+reply every ``heartbeat_seconds`` (the heartbeat task is started only then, or at the tool's first
+progress message, so a short call costs no task and sends no heartbeat); the worker cancels the
+call at the request's deadline (``error`` reply ``timeout``) or on ``<prefix>.toolctl.<execution_id>``
 (``error`` reply ``canceled``).
 
 Graceful stop (:meth:`Worker.run` cancelled, e.g. on SIGTERM): drain the subscriptions (no new calls are taken;
@@ -31,6 +34,7 @@ has accepted, so this only matters for callers that retry.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -39,7 +43,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Final, TypeVar
@@ -47,7 +51,6 @@ from typing import Final, TypeVar
 import anyio
 import msgspec
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -65,7 +68,7 @@ from shared.bus import ensure_kv
 from shared.content import TextBlock
 from shared.results import DONE, STARTED, CallRecord, ResultStore, args_digest, now_ms
 from shared.settings import Settings
-from shared.subjects import H_REPLY_KIND, H_WORKER_ID
+from shared.subjects import H_EXECUTION_ID, H_REPLY_KIND, H_WORKER_ID
 
 log = logging.getLogger("loopwire.tools.worker")
 
@@ -80,13 +83,13 @@ _PROGRESS_BUFFER: Final = 16
 _REPLY_MARGIN_BYTES: Final = 4096
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Call:
     tool: Tool
-    spec: ToolSpec  # the tool's spec, made once per call
+    spec: ToolSpec  # the tool's spec (made once per tool, see Worker._served)
     digest: str
     replies: list[str]
-    started: float = field(default_factory=time.monotonic)
+    started: float
     scope: anyio.CancelScope | None = None
     ctx: ToolContext | None = None
     canceled: bool = False
@@ -94,6 +97,22 @@ class _Call:
     finished_at: float = 0.0
     final_kind: str = ""
     final_body: bytes = b""
+    # Heartbeats: a timer until the call outlives one interval (or reports progress), then a task.
+    running: bool = False  # the tool is running: progress and heartbeats are wanted
+    timer: asyncio.TimerHandle | None = None
+    beats: _Beats | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Beats:
+    """The heartbeat task of one call and its queue of progress messages.
+
+    Plain asyncio: it is started from a timer or a progress callback, where no task is current
+    (anyio's primitives cannot be made there). It lives no longer than its call (see _stop_beats).
+    """
+
+    progress: asyncio.Queue[str]
+    task: asyncio.Task[None]
 
 
 class Worker:
@@ -115,6 +134,7 @@ class Worker:
             raise ValueError("no tools to serve")
         self.tools = list(tools)
         self.settings = settings
+        self._served = self._index(self.tools)
         self.names = settings.names
         self.nc = nc
         self.worker_id = worker_id or uuid.uuid4().hex[:16]
@@ -215,6 +235,10 @@ class Worker:
         subject, queue = self.names.tool(t.name), self.names.tool_queue(t.name)
         self._subs[t.name] = await self.nc.subscribe(subject, queue=queue, cb=partial(self._on_msg, t.name))
 
+    def _index(self, tools: Sequence[Tool]) -> dict[str, tuple[Tool, ToolSpec]]:
+        """Each tool and its spec by name: looked up per call, built once."""
+        return {t.name: (t, t.spec(self.settings)) for t in tools}
+
     async def set_tools(self, tools: Sequence[Tool]) -> None:
         """Serve ``tools`` from now on: new ones are subscribed, then registered; removed ones are
         unsubscribed and deregistered (their calls in flight still answer). Before :meth:`run`
@@ -222,6 +246,7 @@ class Worker:
         _check_unique(tools)
         old = {t.name for t in self.tools}
         self.tools = list(tools)
+        self._served = self._index(self.tools)
         kv = self._kv
         if kv is None or self._calls_tg is None:
             return
@@ -308,13 +333,26 @@ class Worker:
         tg = self._calls_tg
         if tg is None:
             return
-        t = next((t for t in self.tools if t.name == name), None)
-        if t is None:  # removed by set_tools while the request was on its way
+        served = self._served.get(name)
+        if served is None:  # removed by set_tools while the request was on its way
             if msg.reply:
                 gone = p.ToolErrorBody(kind=p.ERROR_UNAVAILABLE, message="no longer served by this worker")
                 await self._send(msg.reply, p.REPLY_ERROR, p.encode(gone))
             return
-        tg.start_soon(self._handle, t, msg)
+        t, spec = served
+        if t.inline and not self._records_first(spec, msg.headers):
+            # Nothing to wait for before the reply: answered here, without a task of its own.
+            await self._handle(t, spec, msg)
+        else:
+            tg.start_soon(self._handle, t, spec, msg)
+
+    def _records_first(self, spec: ToolSpec, headers: dict[str, str] | None) -> bool:
+        """Whether a call waits on the result records before it answers: a possible re-send reads
+        them, a tool that is not rerun-safe is recorded ``started``, and only a read-only tool's
+        ``done`` record is written alongside the reply."""
+        if self.results is None or not headers or not headers.get(H_EXECUTION_ID):
+            return False
+        return not (spec.read_only and p.first_send(headers))
 
     async def _on_alive(self, msg: Msg) -> None:
         # Callers that find a call of ours started but unfinished ask whether we still exist.
@@ -363,7 +401,7 @@ class Worker:
         self._idem.move_to_end(key)
         return call
 
-    async def _handle(self, t: Tool, msg: Msg) -> None:
+    async def _handle(self, t: Tool, spec: ToolSpec, msg: Msg) -> None:
         reply = msg.reply
         if not reply:
             log.warning("worker %s: %s request without a reply subject dropped", self.worker_id, t.name)
@@ -403,7 +441,7 @@ class Worker:
                 else:
                     same.replies.append(reply)  # the running call answers every waiter
                 return
-        call = _Call(tool=t, spec=t.spec(self.settings), digest=digest, replies=[reply])
+        call = _Call(tool=t, spec=spec, digest=digest, replies=[reply], started=time.monotonic())
         if key:
             self._idem[(t.name, key)] = call
             while len(self._idem) > IDEMPOTENCY_MAX_ENTRIES:
@@ -467,7 +505,6 @@ class Worker:
         if ids.execution_id and self.results is not None and not call.spec.rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
             await self._record(t, ids.execution_id, call, STARTED)
-        send, recv = anyio.create_memory_object_stream[str](_PROGRESS_BUFFER)
         ctx = ToolContext(
             ids=ids,
             idempotency_key=key,
@@ -475,25 +512,38 @@ class Worker:
             nc=self.nc,
             settings=self.settings,
             worker_id=self.worker_id,
-            progress_sink=partial(_offer, send),
+            progress_sink=partial(self._progress, call),
         )
         call.ctx = ctx
         result: p.ResultBody | None = None
         failed: CallFailed | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._beat, call, recv)
-            with anyio.CancelScope() as scope:
-                call.scope = scope
-                if call.canceled:
-                    scope.cancel()
-                with anyio.move_on_after(max(0.0, deadline - time.time())):
+        remaining = deadline - time.time()
+        call.running = True
+        try:
+            if t.inline:
+                # Runs to its end without yielding: nothing can cancel it once started, and a
+                # heartbeat could not be sent meanwhile anyway.
+                if remaining > 0 and not call.canceled:
+                    try:
+                        result = await invoke(t, raw, ctx)
+                    except CallFailed as e:
+                        failed = e
+            else:
+                # Heartbeats only for a call that outlives one interval: no task for a short one.
+                call.timer = asyncio.get_running_loop().call_later(
+                    self.settings.heartbeat_seconds, self._arm, call, None
+                )
+                with anyio.CancelScope(deadline=anyio.current_time() + max(0.0, remaining)) as scope:
+                    call.scope = scope
+                    if call.canceled:
+                        scope.cancel()
                     async with self._limiter:
                         try:
                             result = await invoke(t, raw, ctx)
                         except CallFailed as e:
                             failed = e
-            tg.cancel_scope.cancel()
-        send.close()
+        finally:
+            await self._stop_beats(call)
         if failed is not None:
             return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=failed.kind, message=failed.message))
         if result is not None:
@@ -538,17 +588,54 @@ class Worker:
         text = shaping.truncate_result(shaping.flatten_to_text(result.blocks), limit // 2)
         return p.encode(p.ResultBody(blocks=[TextBlock(text=text)], is_error=result.is_error))
 
-    async def _beat(self, call: _Call, progress: MemoryObjectReceiveStream[str]) -> None:
+    def _progress(self, call: _Call, message: str) -> None:
+        """A tool's progress message (on the event loop): sent by the call's heartbeat task."""
+        if not call.running:
+            return  # the call is over
+        if call.beats is None:
+            self._arm(call, message)
+        else:
+            # Best effort: dropped while the caller-bound queue is full.
+            with contextlib.suppress(asyncio.QueueFull):
+                call.beats.progress.put_nowait(message)
+
+    def _arm(self, call: _Call, first: str | None) -> None:
+        """Start the call's heartbeat task: it outlived one interval (``first`` None: a heartbeat is
+        due now) or sent its first progress message."""
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        if call.beats is not None or not call.running:
+            return
+        queue: asyncio.Queue[str] = asyncio.Queue(_PROGRESS_BUFFER)
+        call.beats = _Beats(progress=queue, task=asyncio.get_running_loop().create_task(self._beat(call, queue, first)))
+
+    async def _stop_beats(self, call: _Call) -> None:
+        """The call is over: no heartbeat or progress after this (its final reply comes next)."""
+        call.running = False
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        beats = call.beats
+        if beats is not None:
+            beats.task.cancel()
+            # Wait for the task to end, so nothing it sends can follow the final reply.
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((beats.task,), timeout=5)
+
+    async def _beat(self, call: _Call, progress: asyncio.Queue[str], first: str | None) -> None:
         interval = self.settings.heartbeat_seconds
+        message = first
         while True:
-            message: str | None = None
-            with anyio.move_on_after(interval):
-                message = await progress.receive()
             if message is None:
                 message = f"running for {time.monotonic() - call.started:.0f}s"
             body = p.encode(p.ProgressBody(message=shaping.bounded_diagnostic(message), heartbeat_seconds=interval))
             for reply in list(call.replies):
                 await self._send(reply, p.REPLY_PROGRESS, body)
+            message = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    message = await progress.get()
 
     async def _send(self, reply: str, kind: str, body: bytes) -> None:
         try:
@@ -563,12 +650,6 @@ def _check_unique(tools: Sequence[Tool]) -> None:
         if t.name in seen:
             raise ValueError(f"tool {t.name!r} given twice")
         seen.add(t.name)
-
-
-def _offer(send: MemoryObjectSendStream[str], message: str) -> None:
-    # Progress is best effort: drop when the caller-bound buffer is full or the call is over.
-    with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-        send.send_nowait(message)
 
 
 async def _quietly_unsubscribe(sub: Subscription) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -150,6 +153,84 @@ async def test_worker_survives_odd_requests(nc: NATS, fast: Settings) -> None:
         out = await client.call("ask_user", b'{"question": "?"}', ids=ids(), timeout=5)
         assert out.result is not None and out.result.is_error and "user-input gate" in text(out)
         assert text(await client.call("work", b'{"tag": "still"}', ids=ids(), timeout=5)).startswith("done still")
+
+
+@tool(name="pace", read_only=True)
+def pace(args: Work, ctx: ToolContext) -> str:
+    if args.tag:
+        ctx.progress(args.tag)
+    time.sleep(args.seconds)
+    return "paced"
+
+
+@tool(name="quick", read_only=True, inline=True)
+def quick(args: Work) -> str:
+    return f"{args.tag} on {threading.get_ident()}"
+
+
+async def replies_of(nc: NATS, settings: Settings, name: str, args: bytes) -> list[tuple[float, str, bytes]]:
+    """Every reply to one request: (seconds after sending, Lw-Reply, body), up to the final one."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    sent = time.monotonic()
+    headers = request_headers(ids(), now_ms() + 10_000, first_send=True)
+    await nc.publish(settings.names.tool(name), args, reply=inbox, headers=headers)
+    out: list[tuple[float, str, bytes]] = []
+    while not out or out[-1][1] == "progress":
+        msg = await sub.next_msg(timeout=5)
+        out.append((time.monotonic() - sent, (msg.headers or {}).get(H_REPLY_KIND, ""), msg.data))
+    with anyio.move_on_after(0.4):  # nothing follows the final reply
+        extra = await sub.next_msg(timeout=0.4)
+        out.append((time.monotonic() - sent, (extra.headers or {}).get(H_REPLY_KIND, ""), extra.data))
+    await sub.unsubscribe()
+    return out
+
+
+async def test_heartbeats_only_for_calls_that_outlive_the_interval(nc: NATS, fast: Settings) -> None:
+    """Interval 0.3 s: a shorter call gets its result alone; a longer one a heartbeat every interval
+    from the first interval on; a progress message goes out at once; nothing after the final reply."""
+    async with worker(fast, [pace, quick]):
+        short = await replies_of(nc, fast, "pace", b'{"seconds": 0.05}')
+        assert [k for _, k, _ in short] == ["result"]
+        long = await replies_of(nc, fast, "pace", b'{"seconds": 1.05}')
+        kinds = [k for _, k, _ in long]
+        assert kinds == ["progress"] * (len(kinds) - 1) + ["result"] and len(kinds) >= 4, long
+        times = [t for t, _, _ in long]
+        assert 0.25 <= times[0] <= 0.6, f"first heartbeat one interval in: {times}"
+        assert all(b - a <= 0.6 for a, b in itertools.pairwise(times)), f"on time: {times}"
+        assert all(b'"heartbeat_seconds":0.3' in body for _, k, body in long if k == "progress")
+        told = await replies_of(nc, fast, "pace", b'{"tag": "warming up", "seconds": 0.1}')
+        assert [k for _, k, _ in told] == ["progress", "result"] and b"warming up" in told[0][2], told
+        assert told[0][0] < 0.25, "progress is sent at once, not at the next interval"
+
+
+async def test_inline_tools_answer_on_the_worker_loop(nc: NATS, fast: Settings) -> None:
+    """An inline tool answers like any other: results, duplicates by idempotency key, a cancel that
+    overtook the request, a deadline already passed (never run), and many calls at once."""
+    async with worker(fast, [quick]), cl.ToolClient(nc, fast.names) as client:
+        out = await client.call("quick", b'{"tag": "a"}', ids=ids(), timeout=5)
+        assert out.status == cl.OK and text(out) == f"a on {threading.get_ident()}", "ran on the event loop"
+        loop = str(uuid.uuid4())
+        first = await client.call("quick", b'{"tag": "k"}', ids=ids(loop), timeout=5)
+        again = await client.call("quick", b'{"tag": "k"}', ids=ids(loop), timeout=5, first_send=True)
+        assert text(first) == text(again)
+        call_ids = ids()
+        await client.cancel(call_ids.execution_id)
+        await nc.flush()
+        canceled = await client.call("quick", b'{"tag": "c"}', ids=call_ids, timeout=5, first_send=True)
+        assert canceled.status == cl.CANCELED and canceled.message == "canceled before it started"
+        past = request_headers(ids(), now_ms() - 1000, first_send=True)
+        msg = await nc.request(fast.names.tool("quick"), b'{"tag": "late"}', headers=past, timeout=5)
+        assert msg.headers and msg.headers[H_REPLY_KIND] == "error" and b"timeout" in msg.data
+        outs: list[cl.CallOutcome] = []
+
+        async def one(i: int) -> None:
+            outs.append(await client.call("quick", f'{{"tag": "{i}"}}'.encode(), ids=ids(), timeout=5))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, i)
+        assert sorted(text(o).split()[0] for o in outs) == sorted(str(i) for i in range(50))
 
 
 async def test_unexpected_reply_kind_is_a_crash(nc: NATS, fast: Settings) -> None:

@@ -107,6 +107,11 @@ def test_declaration_errors() -> None:
     with pytest.raises(ValueError, match="timeout"):
         tool(timeout=0)(add.fn)
     assert tool(name="ask", kind=KIND_USER_INPUT)(add.fn).spec().kind == "user_input"
+    with pytest.raises(ValueError, match="inline"):
+
+        @tool(inline=True)
+        async def async_inline(args: Pair) -> str:
+            return ""
 
 
 async def test_invoke_success_and_blocks() -> None:
@@ -193,6 +198,21 @@ async def test_sync_tools_run_in_a_thread_and_see_cancellation() -> None:
     assert await anyio.to_thread.run_sync(stopped.wait, 2)
     await anyio.sleep(0.05)
     assert progress == ["from a thread"]
+
+
+async def test_inline_tools_run_on_the_event_loop_thread() -> None:
+    class Empty(msgspec.Struct):
+        pass
+
+    @tool(inline=True)
+    def quick(args: Empty, ctx: ToolContext) -> str:
+        ctx.progress("inline")
+        return str(threading.get_ident())
+
+    progress: list[str] = []
+    r = await invoke(quick, b"{}", ToolContext(progress_sink=progress.append))
+    assert text_of(r) == str(threading.get_ident()) and progress == ["inline"]
+    assert quick.inline and "inline" not in msgspec.json.encode(quick.spec()).decode(), "not on the wire"
 
 
 def test_headers_round_trip() -> None:

@@ -21,6 +21,7 @@ class AskUserInput(msgspec.Struct, forbid_unknown_fields=True):
     name="ask_user",
     description="Ask the human operator a question (optionally with choices) and wait for the answer.",
     kind=KIND_USER_INPUT,
+    inline=True,  # only ever answers a fixed error
 )
 def ask_user(args: AskUserInput) -> ToolOutput:
     return ToolOutput(

@@ -189,6 +189,7 @@ def format_number(value: Number) -> str:
     name="calculator",
     description="Evaluate an arithmetic expression: + - * / // % ** and parentheses.",
     read_only=True,
+    inline=True,  # own parser with bounded input: quick and never blocks
 )
 def calculator(args: CalculatorInput) -> str:
     return format_number(evaluate(args.expression))
