@@ -454,7 +454,8 @@ def check_payload(nc: NATS, payload: bytes, headers: Mapping[str, str]) -> None:
         raise PayloadTooLargeError(size, nc.max_payload)
 
 
-def _parse_ack(data: bytes) -> PubAck:
+def parse_ack(data: bytes) -> PubAck:
+    """A JetStream publish ack; raises :class:`JetStreamError` for an error ack or unreadable data."""
     try:
         ack = _pub_ack.decode(data)
     except msgspec.DecodeError as e:
@@ -527,7 +528,7 @@ async def js_publish(
     """
     check_payload(nc, payload, headers)
     msg = await _request(nc, subject, payload, headers, request_timeout)
-    return _parse_ack(msg.data)
+    return parse_ack(msg.data)
 
 
 async def publish_batch(
@@ -563,7 +564,7 @@ async def publish_batch(
     deadline = loop.time() + request_timeout
     first = await _request(nc, subject, payloads[0], full[0], request_timeout)
     if first.data:
-        _parse_ack(first.data)  # raises the staging error
+        parse_ack(first.data)  # raises the staging error
         raise JetStreamError(0, 0, "unexpected ack for the first message of an atomic batch")
     try:
         for k in range(1, n - 1):
@@ -571,7 +572,7 @@ async def publish_batch(
     except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError) as e:
         raise JetStreamUnavailableError(f"connection unavailable mid-batch: {e!r}") from None
     last = await _request(nc, subject, payloads[-1], full[-1], max(0.05, deadline - loop.time()))
-    return _parse_ack(last.data)
+    return parse_ack(last.data)
 
 
 # --- reads ------------------------------------------------------------------------------------

@@ -14,22 +14,32 @@ Both live in the KV bucket ``<prefix>_results`` (replicated like the streams, TT
 
 Reads are leader reads (``STREAM.MSG.GET`` by last subject), so a record acknowledged on one server
 is seen from any other at once, also on a replicated bucket.
+
+A record nobody waits for (a read-only tool's ``done``, written alongside its reply) can be written
+with :meth:`ResultStore.record_call_nowait`: published with a reply subject on one inbox of the
+store's, its ack checked in a callback — no task, future or timer per write. A write that is not
+acknowledged (no responders, an error ack, no ack within the request timeout) is handed back to its
+writer, which writes it again the awaited way (:meth:`ResultStore.record_call`, with its retries).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from shared.backoff import retry
-from shared.bus import JetStreamUnavailableError, get_msg, js_publish
+from shared.bus import JetStreamError, JetStreamUnavailableError, check_payload, get_msg, js_publish, parse_ack
 from shared.events import SuspendedStep
-from shared.subjects import Names, kv_stream
+from shared.subjects import H_STATUS, Names, kv_stream
 
 STARTED: Final = "started"
 DONE: Final = "done"
@@ -86,6 +96,12 @@ class ResultStore:
         self.bucket = names.results_bucket
         self.stream = kv_stream(self.bucket)
         self.retry_seconds = retry_seconds
+        # Unawaited writes (record_call_nowait): ack token -> (give up at, record), oldest first.
+        self._unacked: OrderedDict[str, tuple[float, CallRecord]] = OrderedDict()
+        self._acks: Subscription | None = None
+        self._ack_prefix = ""
+        self._ack_seq = 0
+        self._not_acked: Callable[[CallRecord], None] = lambda record: None
 
     def _subject(self, key: str) -> str:
         return f"$KV.{self.bucket}.{key}"
@@ -126,3 +142,67 @@ class ResultStore:
 
     async def record_call(self, record: CallRecord) -> None:
         await self._put(self.call_key(record.tool, record.execution_id), _encoder.encode(record))
+
+    # --- unawaited writes ------------------------------------------------------------------------
+
+    async def open_acks(self, not_acked: Callable[[CallRecord], None]) -> None:
+        """Make :meth:`record_call_nowait` usable; ``not_acked`` gets each write that was not
+        acknowledged (called on the event loop, from a callback: it must not block)."""
+        self._not_acked = not_acked
+        if self._acks is None:
+            self._ack_prefix = self.nc.new_inbox() + "."
+            self._acks = await self.nc.subscribe(self._ack_prefix + "*", cb=self._on_ack)
+
+    async def close_acks(self) -> None:
+        """Stop following acks; writes still unacknowledged are handed to ``not_acked``."""
+        sub, self._acks = self._acks, None
+        if sub is not None:
+            with contextlib.suppress(Exception):  # a closed connection: nothing more can arrive anyway
+                await sub.unsubscribe()
+        self.expire_unacked(float("inf"))
+
+    @property
+    def unacked(self) -> int:
+        """Unawaited writes whose ack has not come yet."""
+        return len(self._unacked)
+
+    async def record_call_nowait(self, record: CallRecord) -> None:
+        """Publish ``record`` without waiting for its ack (see the module's docstring).
+
+        Never raises: a write that cannot be published goes to ``not_acked`` at once. Does not
+        suspend unless the connection's outgoing buffer is full.
+        """
+        if self._acks is None:
+            self._not_acked(record)
+            return
+        self._ack_seq += 1
+        token = str(self._ack_seq)
+        data = _encoder.encode(record)
+        self._unacked[token] = (time.monotonic() + _REQUEST_TIMEOUT, record)
+        try:
+            check_payload(self.nc, data, {})
+            subject = self._subject(self.call_key(record.tool, record.execution_id))
+            await self.nc.publish(subject, data, reply=self._ack_prefix + token)
+        except Exception:  # closed, reconnecting with a full buffer, too large: the awaited way decides
+            self._unacked.pop(token, None)
+            self._not_acked(record)
+
+    def expire_unacked(self, now: float) -> None:
+        """Hand every write whose ack is overdue at ``now`` (monotonic) to ``not_acked``."""
+        while self._unacked:
+            token, (give_up, record) = next(iter(self._unacked.items()))
+            if give_up > now:
+                return
+            del self._unacked[token]
+            self._not_acked(record)
+
+    async def _on_ack(self, msg: Msg) -> None:
+        entry = self._unacked.pop(msg.subject[len(self._ack_prefix) :], None)
+        if entry is None:  # overdue and handed on already
+            return
+        try:
+            if (msg.headers or {}).get(H_STATUS):  # "no responders": nothing stored it
+                raise JetStreamUnavailableError("no responders")
+            parse_ack(msg.data)
+        except (JetStreamError, JetStreamUnavailableError):
+            self._not_acked(entry[1])

@@ -17,7 +17,8 @@ Durable results (see :mod:`shared.results`): a request whose execution id has a 
 with the same argument digest is answered with the recorded reply and does not run; one recorded with
 other arguments is refused (``error`` reply ``refused``). A tool that is neither read-only nor
 idempotent gets a ``started`` record before it begins; every result is recorded as ``done`` before the
-reply is sent — a read-only tool's while the reply is sent (running it again is harmless). A call cut
+reply is sent — a read-only tool's right after the reply, its ack checked in a callback (running it
+again is harmless; an unacknowledged write is written again, the awaited way). A call cut
 by its deadline, canceled or failed on the worker has no ``done`` record: its effects are unknown (the
 ``started`` record says it may have run).
 
@@ -81,6 +82,7 @@ _CANCELLED_EARLY_MAX: Final = 1024
 EARLY_CANCEL_SECONDS: Final = 1.0  # how long a cancel that arrived before its request is remembered
 _PROGRESS_BUFFER: Final = 16
 _REPLY_MARGIN_BYTES: Final = 4096
+_ACK_SWEEP_SECONDS: Final = 0.5  # how often overdue record acks are looked for
 
 
 @dataclass(eq=False, slots=True)
@@ -144,6 +146,8 @@ class Worker:
         # (execution id, attempt) → when its cancel arrived before the request did.
         self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._calls_tg: TaskGroup | None = None
+        self._background_tg: TaskGroup | None = None  # registration refresh, record rewrites
+        self._rewrites = 0  # records being written again (their first write was not acknowledged)
         self._subs: dict[str, Subscription] = {}  # tool name -> its queue-group subscription
         self._kv: KeyValue | None = None
         self._healthy = True
@@ -177,6 +181,10 @@ class Worker:
         alive: Subscription | None = None
         try:
             async with anyio.create_task_group() as outer:
+                self._background_tg = outer
+                if self.results is not None:
+                    await self.results.open_acks(self._not_acked)
+                    outer.start_soon(self._sweep_acks, self.results)
                 async with anyio.create_task_group() as calls:
                     self._calls_tg = calls
                     ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
@@ -204,8 +212,10 @@ class Worker:
                     subs.clear()
                     await self._deregister(kv)
                     # Leaving this block waits for every in-flight call (each bounded by its deadline).
+                await self._settle_records()
                 outer.cancel_scope.cancel()
         finally:
+            self._background_tg = None  # a record not acknowledged from here on is only logged
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 if self._registered:  # failed while serving: still deregister
                     await self._deregister(kv)
@@ -216,6 +226,8 @@ class Worker:
                     await _quietly_unsubscribe(ctl)
                 if alive is not None:
                     await _quietly_unsubscribe(alive)
+                if self.results is not None:
+                    await self.results.close_acks()
             self._calls_tg = None
             self._kv = None
         log.info("worker %s stopped", self.worker_id)
@@ -442,6 +454,7 @@ class Worker:
                     same.replies.append(reply)  # the running call answers every waiter
                 return
         call = _Call(tool=t, spec=spec, digest=digest, replies=[reply], started=time.monotonic())
+        after_reply: CallRecord | None = None
         if key:
             self._idem[(t.name, key)] = call
             while len(self._idem) > IDEMPOTENCY_MAX_ENTRIES:
@@ -456,9 +469,9 @@ class Worker:
                 outcome = tool_tracing.worker_outcome(kind, body)
                 tool_tracing.finished(span, t.name, tool_tracing.WORKER, outcome, tool_tracing.now() - started)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
-                if call.spec.read_only and self._calls_tg is not None:
-                    # Nothing to protect (running it again is harmless): written alongside the reply.
-                    self._calls_tg.start_soon(self._record_done, t, eid, call, body)
+                if call.spec.read_only:
+                    # Nothing to protect (running it again is harmless): written after the reply.
+                    after_reply = self._call_record(t, eid, call, DONE, p.REPLY_RESULT, body)
                 else:
                     await self._record_done(t, eid, call, body)
         except Exception as e:  # a bug here must cost one call, never the worker
@@ -475,6 +488,8 @@ class Worker:
             if eid:
                 self._running.pop(eid, None)
         await self._finish(call, kind, body, (t.name, key) if key else None)
+        if after_reply is not None and self.results is not None:
+            await self.results.record_call_nowait(after_reply)
 
     async def _finish(self, call: _Call, kind: str, body: bytes, key: tuple[str, str] | None = None) -> None:
         call.done = True
@@ -557,6 +572,9 @@ class Worker:
 
     async def _record(self, t: Tool, eid: str, call: _Call, state: str, kind: str = "", body: bytes = b"") -> None:
         assert self.results is not None
+        await self.results.record_call(self._call_record(t, eid, call, state, kind, body))
+
+    def _call_record(self, t: Tool, eid: str, call: _Call, state: str, kind: str = "", body: bytes = b"") -> CallRecord:
         rec = CallRecord(
             tool=t.name,
             execution_id=eid,
@@ -567,13 +585,42 @@ class Worker:
         )
         if state == DONE:
             rec.reply_kind, rec.reply = kind, msgspec.Raw(body)
-        await self.results.record_call(rec)
+        return rec
 
     async def _record_done(self, t: Tool, eid: str, call: _Call, body: bytes) -> None:
         try:
             await self._record(t, eid, call, DONE, p.REPLY_RESULT, body)
         except Exception:  # it ran: the caller still gets the answer (a re-run may not see it)
             log.warning("worker %s: result of %s not recorded", self.worker_id, t.name, exc_info=True)
+
+    def _not_acked(self, rec: CallRecord) -> None:
+        """A record written without waiting was not acknowledged: write it again, the awaited way."""
+        tg = self._background_tg
+        if tg is None:  # stopped meanwhile
+            log.warning("worker %s: result of %s not recorded", self.worker_id, rec.tool)
+            return
+        self._rewrites += 1
+        tg.start_soon(self._rewrite, rec)
+
+    async def _rewrite(self, rec: CallRecord) -> None:
+        assert self.results is not None
+        try:
+            await self.results.record_call(rec)
+        except Exception:  # it ran: the caller has the answer (a re-run may not see it)
+            log.warning("worker %s: result of %s not recorded", self.worker_id, rec.tool, exc_info=True)
+        finally:
+            self._rewrites -= 1
+
+    async def _sweep_acks(self, results: ResultStore) -> None:
+        while True:
+            await anyio.sleep(_ACK_SWEEP_SECONDS)
+            results.expire_unacked(time.monotonic())
+
+    async def _settle_records(self) -> None:
+        """Drain: every call has answered; wait until its records are acknowledged or written again."""
+        # Polled: acks settle in the store's callback, and this runs once, at the end of a drain.
+        while self.results is not None and (self.results.unacked or self._rewrites):  # noqa: ASYNC110
+            await anyio.sleep(0.02)
 
     def _fit(self, result: p.ResultBody) -> bytes:
         """Encode a result; one too big for a NATS message becomes head+tail truncated text."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -201,3 +202,46 @@ def test_sdk_refuses_inconsistent_annotations() -> None:
         tool(name="bad", retry=RetryPolicy(max_attempts=3))(f)
     spec = tool(name="good", idempotent=True, open_world=True)(f).spec()
     assert spec.idempotent and spec.open_world and not spec.read_only and spec.rerun_safe
+
+
+async def test_unawaited_record_writes_are_acknowledged_or_handed_back(nc: NATS, fast: Settings) -> None:
+    """``record_call_nowait``: an acknowledged write is readable; one nothing stores (no stream:
+    "no responders") or that no ack answers in time goes to ``not_acked`` for an awaited write."""
+    from shared.bus import ensure_kv
+    from shared.results import CallRecord
+    from shared.subjects import Names
+
+    await ensure_kv(nc.jetstream(), fast.names.results_bucket, ttl=fast.results_ttl_seconds)
+    handed: list[str] = []
+    store = ResultStore(nc, fast.names)
+    await store.open_acks(lambda rec: handed.append(rec.execution_id))
+    rec = CallRecord(tool="lookup", execution_id=str(uuid.uuid4()), args_digest="d", state=DONE, reply_kind="result")
+    await store.record_call_nowait(rec)
+    with anyio.fail_after(5):
+        while store.unacked:
+            await anyio.sleep(0.01)
+    got = await store.call("lookup", rec.execution_id)
+    assert got is not None and got.state == DONE and handed == []
+
+    nowhere = ResultStore(nc, Names(prefix=fast.names.prefix + "x"))  # no such bucket
+    await nowhere.open_acks(lambda rec: handed.append(rec.execution_id))
+    await nowhere.record_call_nowait(rec)
+    with anyio.fail_after(5):
+        while not handed:
+            await anyio.sleep(0.01)
+    assert handed == [rec.execution_id] and nowhere.unacked == 0
+
+    handed.clear()
+    silent = ResultStore(nc, Names(prefix=fast.names.prefix + "y"))
+    sub = await nc.subscribe(f"$KV.{silent.bucket}.>")  # receives the write, never acknowledges it
+    await silent.open_acks(lambda rec: handed.append(rec.execution_id))
+    await silent.record_call_nowait(rec)
+    await sub.next_msg(timeout=5)
+    silent.expire_unacked(time.monotonic())
+    assert handed == [] and silent.unacked == 1, "not overdue yet"
+    silent.expire_unacked(time.monotonic() + 10)
+    assert handed == [rec.execution_id] and silent.unacked == 0
+    await silent.close_acks()
+    await nowhere.close_acks()
+    await store.close_acks()
+    await sub.unsubscribe()
