@@ -550,13 +550,14 @@ class Worker:
                 )
                 with anyio.CancelScope(deadline=anyio.current_time() + max(0.0, remaining)) as scope:
                     call.scope = scope
-                    if call.canceled:
-                        scope.cancel()
-                    async with self._limiter:
+                    if not call.canceled and remaining > 0:
+                        await self._acquire()
                         try:
                             result = await invoke(t, raw, ctx)
                         except CallFailed as e:
                             failed = e
+                        finally:
+                            self._limiter.release()
         finally:
             await self._stop_beats(call)
         if failed is not None:
@@ -569,6 +570,14 @@ class Worker:
         return p.REPLY_ERROR, p.encode(
             p.ToolErrorBody(kind=p.ERROR_TIMEOUT, message=f"deadline passed after {timeout:g}s")
         )
+
+    async def _acquire(self) -> None:
+        """A slot of ``max_concurrency``: taken without a yield to the event loop when one is free
+        (``async with limiter`` always yields), else waited for (cancellable)."""
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._limiter.acquire()
 
     async def _record(self, t: Tool, eid: str, call: _Call, state: str, kind: str = "", body: bytes = b"") -> None:
         assert self.results is not None
