@@ -99,9 +99,10 @@ class _Call:
     finished_at: float = 0.0
     final_kind: str = ""
     final_body: bytes = b""
-    # Heartbeats: a timer until the call outlives one interval (or reports progress), then a task.
+    # Heartbeats: watched (Worker._unbeaten) until the call outlives one interval or reports
+    # progress, then a task of its own.
     running: bool = False  # the tool is running: progress and heartbeats are wanted
-    timer: asyncio.TimerHandle | None = None
+    watched_since: float = 0.0  # event-loop time it started being watched
     beats: _Beats | None = None
 
 
@@ -148,6 +149,10 @@ class Worker:
         self._calls_tg: TaskGroup | None = None
         self._background_tg: TaskGroup | None = None  # registration refresh, record rewrites
         self._rewrites = 0  # records being written again (their first write was not acknowledged)
+        # Running calls without a heartbeat task yet, oldest first, and the one timer for the oldest:
+        # a call that ends first only leaves the dict (no timer per call).
+        self._unbeaten: dict[_Call, None] = {}
+        self._beat_timer: asyncio.TimerHandle | None = None
         self._subs: dict[str, Subscription] = {}  # tool name -> its queue-group subscription
         self._kv: KeyValue | None = None
         self._healthy = True
@@ -230,6 +235,9 @@ class Worker:
                     await self.results.close_acks()
             self._calls_tg = None
             self._kv = None
+            if self._beat_timer is not None:
+                self._beat_timer.cancel()
+                self._beat_timer = None
         log.info("worker %s stopped", self.worker_id)
 
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -545,9 +553,7 @@ class Worker:
                         failed = e
             else:
                 # Heartbeats only for a call that outlives one interval: no task for a short one.
-                call.timer = asyncio.get_running_loop().call_later(
-                    self.settings.heartbeat_seconds, self._arm, call, None
-                )
+                self._watch(call)
                 with anyio.CancelScope(deadline=anyio.current_time() + max(0.0, remaining)) as scope:
                     call.scope = scope
                     if not call.canceled and remaining > 0:
@@ -655,12 +661,31 @@ class Worker:
             with contextlib.suppress(asyncio.QueueFull):
                 call.beats.progress.put_nowait(message)
 
+    def _watch(self, call: _Call) -> None:
+        loop = asyncio.get_running_loop()
+        call.watched_since = loop.time()
+        self._unbeaten[call] = None
+        if self._beat_timer is None:
+            self._beat_timer = loop.call_at(call.watched_since + self.settings.heartbeat_seconds, self._due)
+
+    def _due(self) -> None:
+        """Arm every watched call that has run for an interval; the timer moves to the next one."""
+        self._beat_timer = None
+        loop = asyncio.get_running_loop()
+        interval = self.settings.heartbeat_seconds
+        now = loop.time()
+        while self._unbeaten:
+            call = next(iter(self._unbeaten))
+            due = call.watched_since + interval
+            if due > now:
+                self._beat_timer = loop.call_at(due, self._due)
+                return
+            self._arm(call, None)
+
     def _arm(self, call: _Call, first: str | None) -> None:
         """Start the call's heartbeat task: it outlived one interval (``first`` None: a heartbeat is
         due now) or sent its first progress message."""
-        if call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
+        self._unbeaten.pop(call, None)
         if call.beats is not None or not call.running:
             return
         queue: asyncio.Queue[str] = asyncio.Queue(_PROGRESS_BUFFER)
@@ -669,9 +694,7 @@ class Worker:
     async def _stop_beats(self, call: _Call) -> None:
         """The call is over: no heartbeat or progress after this (its final reply comes next)."""
         call.running = False
-        if call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
+        self._unbeaten.pop(call, None)
         beats = call.beats
         if beats is not None:
             beats.task.cancel()
