@@ -146,7 +146,9 @@ class Worker:
         self._idem: OrderedDict[tuple[str, str], _Call] = OrderedDict()
         # (execution id, attempt) → when its cancel arrived before the request did.
         self._cancelled_early: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._calls_tg: TaskGroup | None = None
+        # The tasks of the calls in flight (None: not serving). Plain asyncio tasks: a task group's
+        # spawn costs more than the rest of a short call; _serve joins or cancels them itself.
+        self._calls: set[asyncio.Task[None]] | None = None
         self._background_tg: TaskGroup | None = None  # registration refresh, record rewrites
         self._rewrites = 0  # records being written again (their first write was not acknowledged)
         # Running calls without a heartbeat task yet, oldest first, and the one timer for the oldest:
@@ -190,38 +192,44 @@ class Worker:
                 if self.results is not None:
                     await self.results.open_acks(self._not_acked)
                     outer.start_soon(self._sweep_acks, self.results)
-                async with anyio.create_task_group() as calls:
-                    self._calls_tg = calls
-                    ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
-                    alive = await self.nc.subscribe(self.names.tool_worker(self.worker_id), cb=self._on_alive)
-                    for t in self.tools:
-                        await self._subscribe(t)
-                    await self.nc.flush(timeout=5)
-                    # Register only once subscribed, so every listed tool is callable.
-                    await self._retrying("registration", partial(self._register, kv))
-                    self._kv = kv
-                    refresher = anyio.CancelScope()
-                    outer.start_soon(self._refresh, kv, refresher)
-                    log.info(
-                        "worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools) or "no tools yet"
-                    )
-                    task_status.started()
-                    await stop.wait()
-                    log.info("worker %s draining", self.worker_id)
-                    refresher.cancel()
-                    # Stop taking calls first (UNSUB + round trip; already delivered ones still run),
-                    # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
-                    self._kv = None  # set_tools after this point changes nothing
-                    for sub in subs.values():
-                        await sub.drain()  # type: ignore[no-untyped-call]
-                    subs.clear()
-                    await self._deregister(kv)
-                    # Leaving this block waits for every in-flight call (each bounded by its deadline).
+                self._calls = set()
+                ctl = await self.nc.subscribe(self.names.toolctl("*"), cb=self._on_ctl)
+                alive = await self.nc.subscribe(self.names.tool_worker(self.worker_id), cb=self._on_alive)
+                for t in self.tools:
+                    await self._subscribe(t)
+                await self.nc.flush(timeout=5)
+                # Register only once subscribed, so every listed tool is callable.
+                await self._retrying("registration", partial(self._register, kv))
+                self._kv = kv
+                refresher = anyio.CancelScope()
+                outer.start_soon(self._refresh, kv, refresher)
+                log.info(
+                    "worker %s serving %s", self.worker_id, ", ".join(t.name for t in self.tools) or "no tools yet"
+                )
+                task_status.started()
+                await stop.wait()
+                log.info("worker %s draining", self.worker_id)
+                refresher.cancel()
+                # Stop taking calls first (UNSUB + round trip; already delivered ones still run),
+                # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
+                self._kv = None  # set_tools after this point changes nothing
+                for sub in subs.values():
+                    await sub.drain()  # type: ignore[no-untyped-call]
+                subs.clear()
+                await self._deregister(kv)
+                # Every in-flight call answers (each bounded by its deadline).
+                while self._calls:
+                    await asyncio.wait(set(self._calls))
                 await self._settle_records()
                 outer.cancel_scope.cancel()
         finally:
             self._background_tg = None  # a record not acknowledged from here on is only logged
+            calls, self._calls = self._calls or set(), None
+            for task in calls:  # a hard stop: each call answers "worker stopped"
+                task.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                if calls:
+                    await asyncio.wait(calls, timeout=2)
                 if self._registered:  # failed while serving: still deregister
                     await self._deregister(kv)
                 for sub in subs.values():
@@ -233,7 +241,6 @@ class Worker:
                     await _quietly_unsubscribe(alive)
                 if self.results is not None:
                     await self.results.close_acks()
-            self._calls_tg = None
             self._kv = None
             if self._beat_timer is not None:
                 self._beat_timer.cancel()
@@ -268,7 +275,7 @@ class Worker:
         self.tools = list(tools)
         self._served = self._index(self.tools)
         kv = self._kv
-        if kv is None or self._calls_tg is None:
+        if kv is None or self._calls is None:
             return
         for t in self.tools:
             if t.name not in self._subs and self._healthy:  # an unhealthy worker takes no calls
@@ -298,7 +305,7 @@ class Worker:
             return
         self._healthy = healthy
         kv = self._kv
-        if kv is None or self._calls_tg is None:
+        if kv is None or self._calls is None:
             return
         if healthy:
             for t in self.tools:
@@ -350,8 +357,8 @@ class Worker:
     # --- incoming ----------------------------------------------------------------------------------
 
     async def _on_msg(self, name: str, msg: Msg) -> None:
-        tg = self._calls_tg
-        if tg is None:
+        calls = self._calls
+        if calls is None:
             return
         served = self._served.get(name)
         if served is None:  # removed by set_tools while the request was on its way
@@ -364,7 +371,9 @@ class Worker:
             # Nothing to wait for before the reply: answered here, without a task of its own.
             await self._handle(t, spec, msg)
         else:
-            tg.start_soon(self._handle, t, spec, msg)
+            task = asyncio.get_running_loop().create_task(self._handle(t, spec, msg))
+            calls.add(task)
+            task.add_done_callback(calls.discard)
 
     def _records_first(self, spec: ToolSpec, headers: dict[str, str] | None) -> bool:
         """Whether a call waits on the result records before it answers: a possible re-send reads

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import anyio
 import msgspec
 import pytest
+from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 
 from services.tools import client as cl
@@ -231,6 +232,34 @@ async def test_inline_tools_answer_on_the_worker_loop(nc: NATS, fast: Settings) 
             for i in range(50):
                 tg.start_soon(one, i)
         assert sorted(text(o).split()[0] for o in outs) == sorted(str(i) for i in range(50))
+
+
+async def test_a_worker_cut_mid_call_answers_worker_stopped(nc: NATS, fast: Settings) -> None:
+    """Serving cut without a drain (a failure, not a stop): each call in flight is canceled and its
+    caller hears so at once, instead of waiting for heartbeat loss."""
+    from services.tools.worker import Worker
+
+    kv = await ensure_tools_bucket(nc.jetstream(), fast.names)
+    w = Worker([work], fast, nc, record_results=False)
+    cut = anyio.CancelScope()
+
+    async def serve(*, task_status: TaskStatus[None]) -> None:
+        with cut:
+            await w._serve(kv, anyio.Event(), task_status)
+
+    outs: list[cl.CallOutcome] = []
+    async with cl.ToolClient(nc, fast.names, heartbeat_seconds=0.3) as client:
+
+        async def call() -> None:
+            outs.append(await client.call("work", b'{"tag": "cut", "seconds": 5}', ids=ids(), timeout=10))
+
+        with anyio.fail_after(4):
+            async with anyio.create_task_group() as tg:
+                await tg.start(serve)
+                tg.start_soon(call)
+                await anyio.sleep(0.5)
+                cut.cancel()
+    assert outs[0].status == cl.CANCELED and "worker stopped" in outs[0].message, outs
 
 
 async def test_unexpected_reply_kind_is_a_crash(nc: NATS, fast: Settings) -> None:
