@@ -661,8 +661,8 @@ class Worker:
 
     def _progress(self, call: _Call, message: str) -> None:
         """A tool's progress message (on the event loop): sent by the call's heartbeat task."""
-        if not call.running:
-            return  # the call is over
+        if not call.running or call.tool.inline:
+            return  # the call is over, or holds the event loop until it is (nothing could be sent)
         if call.beats is None:
             self._arm(call, message)
         else:

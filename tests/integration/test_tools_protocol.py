@@ -165,7 +165,8 @@ def pace(args: Work, ctx: ToolContext) -> str:
 
 
 @tool(name="quick", read_only=True, inline=True)
-def quick(args: Work) -> str:
+def quick(args: Work, ctx: ToolContext) -> str:
+    ctx.progress("never sent: the event loop is held until the call returns")
     return f"{args.tag} on {threading.get_ident()}"
 
 
@@ -203,6 +204,8 @@ async def test_heartbeats_only_for_calls_that_outlive_the_interval(nc: NATS, fas
         told = await replies_of(nc, fast, "pace", b'{"tag": "warming up", "seconds": 0.1}')
         assert [k for _, k, _ in told] == ["progress", "result"] and b"warming up" in told[0][2], told
         assert told[0][0] < 0.25, "progress is sent at once, not at the next interval"
+        inline = await replies_of(nc, fast, "quick", b'{"tag": "p"}')
+        assert [k for _, k, _ in inline] == ["result"], inline
 
 
 async def test_inline_tools_answer_on_the_worker_loop(nc: NATS, fast: Settings) -> None:
