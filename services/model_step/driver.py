@@ -25,7 +25,9 @@ import anyio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.lifecycle import raise_single
 from services.model_step import forkcalls, tracing
+from services.model_step.frames import TokenFrames
 from services.model_step.lease import Guard
 from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
@@ -369,24 +371,32 @@ class LoopDriver:
             guard.check()
         model_name = request.model or h.config.model or self.settings.model
         chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
+
+        async def publish(c: ev.Chunk) -> None:
+            delta = ev.TokenDelta(
+                loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, turn_index=t.turn_index, chunk=c
+            )
+            await self.nc.publish(live, encode_live(delta))
+
         try:
             with chat as chat_span:
-                async for chunk in model.stream(request):
-                    if guard is not None and not guard.held:
-                        guard.check()
-                    if is_delta(chunk.kind):
-                        delta = ev.TokenDelta(
-                            loop_id=h.loop_id,
-                            turn_id=t.turn_id,
-                            step_id=step_id,
-                            turn_index=t.turn_index,
-                            chunk=ev.Chunk(
-                                kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
-                            ),
-                        )
-                        # published before folding: no step holds a chunk not yet seen live
-                        await self.nc.publish(live, encode_live(delta))
-                    acc.add(chunk)
+                try:
+                    async with anyio.create_task_group() as frames_tg:  # the frames' timer
+                        frames = TokenFrames(publish, frames_tg)
+                        try:
+                            async for chunk in model.stream(request):
+                                if guard is not None and not guard.held:
+                                    guard.check()
+                                if is_delta(chunk.kind):
+                                    await frames.add(chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
+                                acc.add(chunk)
+                        finally:
+                            # every chunk is seen live before the step that holds it is committed
+                            with anyio.CancelScope(shield=True):
+                                await frames.flush()
+                            frames_tg.cancel_scope.cancel()
+                except BaseExceptionGroup as group:
+                    raise_single(group)  # the stream's own error, as itself
                 tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
             await self._fail_turn(
