@@ -130,7 +130,7 @@ class LoopDriver:
         own = self._own[loop_id] = set()
         self._foreign[loop_id] = True  # nothing is known yet: read the history first
 
-        async def on_hist(msg: Msg) -> None:
+        async def on_ctl(msg: Msg) -> None:
             try:
                 e = decode_live(msg.data)
             except LoopwireError:
@@ -143,8 +143,9 @@ class LoopDriver:
                 for scope in interrupted.values():
                     scope.cancel()
 
+        # The loop API's records (the committer republishes them on the loop's control subject).
         # Subscribe before the first read: a record committed meanwhile is either read or flagged.
-        sub = await self.nc.subscribe(names.hist(loop_id), cb=on_hist)
+        sub = await self.nc.subscribe(names.ctl(loop_id), cb=on_ctl)
         turn_trace = tracing.TurnTrace()
         try:
             h = await self._refresh(loop_id)
@@ -179,10 +180,10 @@ class LoopDriver:
         """The loop's fold after our last commit: re-read only when another writer may have written.
 
         Our own commits are folded as they are acknowledged (the commit's expected sequence proves
-        nothing else was appended before them), so the history is read again only when the live
-        history subject showed a record that is not ours (or could not be parsed). A record missed
-        there (dropped on a reconnect) costs nothing in correctness: the next commit's expected
-        sequence fails, and a conflict always re-reads.
+        nothing else was appended before them), so the history is read again only when the loop's
+        control subject showed a record of the loop API (or one that could not be parsed). A record
+        written otherwise (another copy of this driver, a notice dropped on a reconnect) costs nothing
+        in correctness: the next commit's expected sequence fails, and a conflict always re-reads.
         """
         h = self.cache.get(loop_id)
         if h is None or self._foreign.get(loop_id, True):
