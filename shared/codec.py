@@ -149,7 +149,21 @@ def _decode_canonical(data: bytes) -> Event | None:
 
 def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Event:
     """Decode and re-validate one v1 envelope."""
-    return _decode_strict(data, max_bytes, ephemeral=False)
+    return _decode_strict(data, max_bytes, ephemeral=False)[0]
+
+
+def decode_event_to_store(data: bytes, *, max_bytes: int, max_record_bytes: int) -> tuple[Event, bytes]:
+    """:func:`decode_event`, and the record to store: :func:`encode_event` of the event.
+
+    Bytes that took the canonical fast path already are that record (and were validated as
+    decoded), so they are neither validated nor encoded a second time.
+    """
+    event, canonical = _decode_strict(data, max_bytes, ephemeral=False)
+    if canonical:
+        if len(data) > max_record_bytes:
+            raise RecordTooLargeError(len(data), max_record_bytes)
+        return event, bytes(data)
+    return event, encode_event(event, max_bytes=max_record_bytes, inputs_checked=True)
 
 
 def decode_live_strict(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Event:
@@ -158,10 +172,11 @@ def decode_live_strict(data: bytes, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES
     What a consumer checking the contract runs on an ephemeral record (``decode_live`` is the lenient
     reader for the live path, where a bad event is dropped).
     """
-    return _decode_strict(data, max_bytes, ephemeral=True)
+    return _decode_strict(data, max_bytes, ephemeral=True)[0]
 
 
-def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
+def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> tuple[Event, bool]:
+    """The event, and whether ``data`` is its canonical encoding (the fast path took it)."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MalformedRecordError(f"record must be bytes, not {type(data).__name__}")
     if len(data) > max_bytes:
@@ -170,7 +185,7 @@ def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
     if fast is not None:
         try:
             validate_event(fast, decoded=True)
-            return fast
+            return fast, True
         except LoopwireError:
             pass  # invalid: the strict path below reports it exactly as it always did
     try:
@@ -199,7 +214,7 @@ def _decode_strict(data: bytes, max_bytes: int, *, ephemeral: bool) -> Event:
     except (msgspec.DecodeError, RecursionError) as e:  # pragma: no cover - strictjson already parsed it
         raise MalformedRecordError(str(e)) from None
     validate_event(event, decoded=True)
-    return event
+    return event, False
 
 
 # --- live (ephemeral and enduring) events on core subjects ---------------------------------------

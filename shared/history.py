@@ -404,6 +404,8 @@ async def load(
     if consistent:
         tip = await get_msg(nc, names.history_stream, last_by_subj=names.hist(loop_id))
         target = tip.seq if tip is not None else 0
+        if target <= h.last_seq:  # nothing after the fold: no Direct Get
+            return h
     loop = asyncio.get_running_loop()
     deadline = loop.time() + IDLE_TIMEOUT
     while True:

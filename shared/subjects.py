@@ -105,6 +105,15 @@ class Names:
     def loop_of_hist(self, subject: str) -> str:
         return subject[len(self.prefix) + len(".hist.") :]
 
+    def ctl(self, loop_id: str) -> str:
+        """The loop API's records, republished by the committer after it stored them (core NATS).
+
+        The model-step driving a loop listens here, not on the loop's history subject: it must
+        learn at once of what others write (an interrupt, a close, an input, an answer), while its
+        own steps, most of the history, it knows already.
+        """
+        return f"{self.prefix}.ctl.{loop_id}"
+
     # --- live ephemeral events
     def live(self, loop_id: str, event_type: str) -> str:
         return f"{self.prefix}.live.{loop_id}.{event_type}"

@@ -237,7 +237,21 @@ class LoopApi:
                 continue
             for event, seq in zip(events, seqs, strict=True):
                 h.apply(event, seq)
+            await self._notify_driver(loop_id, payloads)
             return seqs[-1], outcome.signal_work
+
+    async def _notify_driver(self, loop_id: str, payloads: list[bytes]) -> None:
+        """Republish stored records on the loop's control subject for the model-step driving it.
+
+        Best effort: a notice lost here only delays the driver until its next commit, whose
+        expected sequence then fails and makes it read the history again.
+        """
+        subject = self._names.ctl(loop_id)
+        try:
+            for payload in payloads:
+                await self._nc.publish(subject, payload)
+        except Exception as e:
+            log.warning("loop %s: could not notify its driver (%s)", loop_id, e)
 
     async def _signal_work(self, loop_id: str) -> None:
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from shared import metrics, telemetry
-from shared.codec import decode_event, encode_event
+from shared.codec import decode_event_to_store
 from shared.errors import (
     EphemeralNotPersistableError,
     ErrorKind,
@@ -74,12 +74,11 @@ def prepare(loop_id: str, raws: list[bytes], *, max_input_bytes: int, max_record
     seen: set[str] = set()
     for i, raw in enumerate(raws):
         try:
-            event = decode_event(raw, max_bytes=max_input_bytes)
+            # Store the canonical encoding: a retried commit compares equal byte for byte. (Decoding
+            # found every tool_use input strict JSON: that is this commit's one check of them.)
+            event, payload = decode_event_to_store(raw, max_bytes=max_input_bytes, max_record_bytes=max_record_bytes)
             if event.loop_id != loop_id:
                 raise InvalidEventError(type(event).__name__, "loop_id", Rule.INVALID.value)
-            # Store the canonical encoding: a retried commit compares equal byte for byte. (decode_event
-            # just found every tool_use input strict JSON: that is this commit's one check of them.)
-            payload = encode_event(event, max_bytes=max_record_bytes, inputs_checked=True)
         except LoopwireError as e:
             raise event_error(e, i) from None
         if event.event_id in seen:

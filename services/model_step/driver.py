@@ -25,7 +25,9 @@ import anyio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.lifecycle import raise_single
 from services.model_step import forkcalls, tracing
+from services.model_step.frames import TokenFrames
 from services.model_step.lease import Guard
 from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
@@ -128,7 +130,7 @@ class LoopDriver:
         own = self._own[loop_id] = set()
         self._foreign[loop_id] = True  # nothing is known yet: read the history first
 
-        async def on_hist(msg: Msg) -> None:
+        async def on_ctl(msg: Msg) -> None:
             try:
                 e = decode_live(msg.data)
             except LoopwireError:
@@ -141,8 +143,9 @@ class LoopDriver:
                 for scope in interrupted.values():
                     scope.cancel()
 
+        # The loop API's records (the committer republishes them on the loop's control subject).
         # Subscribe before the first read: a record committed meanwhile is either read or flagged.
-        sub = await self.nc.subscribe(names.hist(loop_id), cb=on_hist)
+        sub = await self.nc.subscribe(names.ctl(loop_id), cb=on_ctl)
         turn_trace = tracing.TurnTrace()
         try:
             h = await self._refresh(loop_id)
@@ -177,10 +180,10 @@ class LoopDriver:
         """The loop's fold after our last commit: re-read only when another writer may have written.
 
         Our own commits are folded as they are acknowledged (the commit's expected sequence proves
-        nothing else was appended before them), so the history is read again only when the live
-        history subject showed a record that is not ours (or could not be parsed). A record missed
-        there (dropped on a reconnect) costs nothing in correctness: the next commit's expected
-        sequence fails, and a conflict always re-reads.
+        nothing else was appended before them), so the history is read again only when the loop's
+        control subject showed a record of the loop API (or one that could not be parsed). A record
+        written otherwise (another copy of this driver, a notice dropped on a reconnect) costs nothing
+        in correctness: the next commit's expected sequence fails, and a conflict always re-reads.
         """
         h = self.cache.get(loop_id)
         if h is None or self._foreign.get(loop_id, True):
@@ -369,24 +372,32 @@ class LoopDriver:
             guard.check()
         model_name = request.model or h.config.model or self.settings.model
         chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
+
+        async def publish(c: ev.Chunk) -> None:
+            delta = ev.TokenDelta(
+                loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, turn_index=t.turn_index, chunk=c
+            )
+            await self.nc.publish(live, encode_live(delta))
+
         try:
             with chat as chat_span:
-                async for chunk in model.stream(request):
-                    if guard is not None and not guard.held:
-                        guard.check()
-                    if is_delta(chunk.kind):
-                        delta = ev.TokenDelta(
-                            loop_id=h.loop_id,
-                            turn_id=t.turn_id,
-                            step_id=step_id,
-                            turn_index=t.turn_index,
-                            chunk=ev.Chunk(
-                                kind=chunk.kind, text=chunk.text, index=chunk.index, id=chunk.id, name=chunk.name
-                            ),
-                        )
-                        # published before folding: no step holds a chunk not yet seen live
-                        await self.nc.publish(live, encode_live(delta))
-                    acc.add(chunk)
+                try:
+                    async with anyio.create_task_group() as frames_tg:  # the frames' timer
+                        frames = TokenFrames(publish, frames_tg)
+                        try:
+                            async for chunk in model.stream(request):
+                                if guard is not None and not guard.held:
+                                    guard.check()
+                                if is_delta(chunk.kind):
+                                    await frames.add(chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
+                                acc.add(chunk)
+                        finally:
+                            # every chunk is seen live before the step that holds it is committed
+                            with anyio.CancelScope(shield=True):
+                                await frames.flush()
+                            frames_tg.cancel_scope.cancel()
+                except BaseExceptionGroup as group:
+                    raise_single(group)  # the stream's own error, as itself
                 tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
             await self._fail_turn(

@@ -307,6 +307,11 @@ async def run_batch(
         if item.spec is not None and item.spec.sequential:
             await run_one(item)
 
+    parallel = [it for it in runnable if it.spec is None or not it.spec.sequential]
+    if len(parallel) == 1:  # the usual step: one call, no task group to run it in
+        await run_one(parallel[0])
+        parallel = []
+
     limiter = anyio.CapacityLimiter(max(1, max_parallel))
     last_of_key: dict[str, anyio.Event] = {}
 
@@ -321,9 +326,7 @@ async def run_batch(
                 done.set()
 
     async with anyio.create_task_group() as tg:
-        for item in runnable:
-            if item.spec is not None and item.spec.sequential:
-                continue
+        for item in parallel:
             after = done = None
             if item.write_key is not None:
                 after = last_of_key.get(item.write_key)

@@ -94,6 +94,9 @@ class ToolRegistry:
         # name -> worker id -> (arrival order, last seen (monotonic), registration)
         self._regs: dict[str, dict[str, tuple[int, float, Registration]]] = {}
         self._no_workers: set[str] = set()
+        # Views as of the last change (asked for on every step; changes come with registrations).
+        self._views: dict[str, LiveTool | None] = {}
+        self._live: list[LiveTool] | None = None
         self._changed = anyio.Event()
         self._loaded = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -165,6 +168,8 @@ class ToolRegistry:
         self._notify()
 
     def _notify(self) -> None:
+        self._views.clear()
+        self._live = None
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -196,6 +201,13 @@ class ToolRegistry:
     # --- queries ---------------------------------------------------------------------------------
 
     def _view(self, name: str) -> LiveTool | None:
+        try:
+            return self._views[name]
+        except KeyError:
+            view = self._views[name] = self._make_view(name)
+            return view
+
+    def _make_view(self, name: str) -> LiveTool | None:
         workers = self._regs.get(name)
         if not workers:
             return None
@@ -224,12 +236,10 @@ class ToolRegistry:
 
     def live(self) -> list[LiveTool]:
         """Tools with at least one live worker and no conflict, by name."""
-        out = []
-        for name in sorted(self._regs):
-            view = self._view(name)
-            if view is not None and view.replicas and not view.conflict:
-                out.append(view)
-        return out
+        if self._live is None:
+            views = (self._view(name) for name in sorted(self._regs))
+            self._live = [v for v in views if v is not None and v.replicas and not v.conflict]
+        return list(self._live)
 
     def get(self, name: str) -> LiveTool | None:
         """The tool ``name`` (conflicted ones included, with ``conflict`` set; ``replicas == 0`` while every
@@ -257,8 +267,9 @@ class ToolRegistry:
         view = self._view(name)
         if view is not None and not view.healthy:
             return
-        if name in self._regs:
+        if name in self._regs and name not in self._no_workers:
             self._no_workers.add(name)
+            self._notify()
 
     async def wait_for(self, name: str, *, replicas: int = 1, timeout: float = 5.0) -> LiveTool:
         """Wait until ``name`` has at least ``replicas`` live workers (tests, start-up ordering)."""
