@@ -7,7 +7,6 @@ each, in docs/api.md (a test keeps the two equal).
 
 # No ``from __future__ import annotations``: it would add a public name to the package.
 
-from services.cli.commands import TurnOutcome, wait_for_turn
 from services.model_step.models import (
     Model,
     ModelChunk,
@@ -114,6 +113,7 @@ from shared.protocol import (
     UnavailableError,
 )
 from shared.settings import Settings
+from shared.turns import TurnOutcome, wait_for_turn
 
 __all__ = [
     "AIMessage",

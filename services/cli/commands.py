@@ -11,9 +11,9 @@ import contextlib
 import os
 import sys
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services.cli.errors import CliError
-from services.cli.render import answer_text, clip, clock_of, describe, event_json, json_line, short
+from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -36,22 +36,18 @@ from shared.errors import LoopwireError
 from shared.events import (
     Event,
     Limits,
-    LoopClosed,
     PermissionRequested,
     RetryPolicy,
     TokenDelta,
     TurnDone,
     TurnFailed,
-    TurnFoldedInto,
-    TurnInterrupted,
-    TurnStarted,
     UserInputRequested,
-    ends_turn,
 )
 from shared.history import LoopHistory, loops, replay
 from shared.protocol import RemoteError
 from shared.settings import Settings, split_list
 from shared.subjects import Names
+from shared.turns import TurnTracker, follow, wait_for_turn
 from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction, PolicyEffect
 
@@ -116,16 +112,6 @@ async def session(settings: Settings) -> AsyncIterator[NATS]:
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(Exception):
             await nc.close()
-
-
-def follow(
-    nc: NATS, names: Names, loop_id: str, from_seq: int
-) -> contextlib.aclosing[AsyncGenerator[tuple[int, Event], None]]:
-    """``replay(..., follow=True)`` closed for sure when the ``async with`` ends."""
-    gen = cast(
-        "AsyncGenerator[tuple[int, Event], None]", replay(nc, loop_id, names=names, from_seq=from_seq, follow=True)
-    )
-    return contextlib.aclosing(gen)
 
 
 def require_uuid(value: str, what: str) -> str:
@@ -220,69 +206,6 @@ async def find_gate_loop(nc: NATS, names: Names, gate_id: str) -> str:
     if resolved_in:
         return resolved_in  # the committer answers that the gate is closed
     raise CliError(f"no loop has a gate {gate_id} (give --loop if it is new)")
-
-
-# How a turn the CLI waited for ended.
-TurnEnd = Literal["done", "failed", "interrupted", "closed"]
-
-
-@dataclass
-class TurnOutcome:
-    loop_id: str
-    turn_id: str
-    outcome: TurnEnd
-    answer: str
-    event: Event | None
-    seq: int
-
-
-_OUTCOMES: Final[dict[type[Event], TurnEnd]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
-
-
-class TurnTracker:
-    """Finds the turn that consumed an input command and tells when it ends (feed it committed events)."""
-
-    def __init__(self, loop_id: str, command_id: str) -> None:
-        self.loop_id = loop_id
-        self.command_id = command_id
-        self.turn_id = ""
-        self.seen: list[Event] = []
-        self.result: TurnOutcome | None = None
-
-    def feed(self, e: Event, seq: int) -> TurnOutcome | None:
-        cmd = e.cause.command_id if e.cause is not None else ""
-        if not self.turn_id and isinstance(e, TurnStarted | TurnFoldedInto) and cmd == self.command_id:
-            self.turn_id = e.turn_id
-        if self.turn_id and e.turn_id == self.turn_id:
-            self.seen.append(e)
-            if ends_turn(e):
-                self.result = TurnOutcome(
-                    self.loop_id, self.turn_id, _OUTCOMES[type(e)], answer_text(self.seen), e, seq
-                )
-        elif isinstance(e, LoopClosed):
-            self.result = TurnOutcome(self.loop_id, self.turn_id, "closed", answer_text(self.seen), e, seq)
-        return self.result
-
-
-async def wait_for_turn(
-    nc: NATS,
-    names: Names,
-    loop_id: str,
-    command_id: str,
-    from_seq: int,
-    *,
-    on_event: Callable[[Event, int], None] | None = None,
-) -> TurnOutcome:
-    """Follow the history from ``from_seq`` until the turn that consumed ``command_id``'s input ends."""
-    tracker = TurnTracker(loop_id, command_id)
-    async with follow(nc, names, loop_id, from_seq) as records:
-        async for seq, e in records:
-            if on_event is not None:
-                on_event(e, seq)
-            result = tracker.feed(e, seq)
-            if result is not None:
-                return result
-    raise CliError("the history ended unexpectedly")  # pragma: no cover - follow never ends by itself
 
 
 # --- commands -----------------------------------------------------------------------------------

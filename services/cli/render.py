@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Final
 
 import msgspec
@@ -143,14 +142,3 @@ def event_json(event: Event, seq: int | None = None) -> str:
 
 def json_line(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=False)
-
-
-def answer_text(events: Iterable[Event]) -> str:
-    """The assistant's final text: TurnDone's message, else the last StepDone's AIMessage."""
-    text = ""
-    for e in events:
-        if isinstance(e, TurnDone) and e.message is not None:
-            text = text_of(e.message)
-        elif isinstance(e, StepDone) and e.messages and isinstance(e.messages[0], AIMessage):
-            text = text_of(e.messages[0]) or text
-    return text

@@ -187,13 +187,14 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
     from rich.panel import Panel
     from rich.text import Text
 
-    from services.cli.commands import CliError, TurnTracker, follow, print_history, session
+    from services.cli.commands import CliError, print_history, session
     from services.cli.live import LoopView
     from shared.client import LoopClient
     from shared.codec import decode_live
     from shared.errors import LoopwireError
     from shared.events import Event
     from shared.history import replay
+    from shared.turns import TurnTracker, follow
 
     assert isinstance(console, Console)
     settings = stack.settings()

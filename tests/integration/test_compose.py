@@ -27,7 +27,6 @@ import pytest
 import yaml
 
 from services.cli.app import ClientCommand, handle_serve, parse_args
-from services.cli.commands import wait_for_turn
 from services.tools.builtins import BUILTINS
 from services.tools.service import resolve_tools
 from shared.bus import connect
@@ -35,6 +34,7 @@ from shared.client import LoopClient
 from shared.natsserver import NatsServer, server_binary
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import ENV_VARS, Settings
+from shared.turns import wait_for_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())

@@ -20,13 +20,13 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.cli.commands import wait_for_turn
 from services.tools.registry import ToolRegistry
 from shared import events as ev
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
 from shared.history import replay
 from shared.settings import Settings
+from shared.turns import wait_for_turn
 from tests.syshelpers import system, wait_for, write_script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system]

@@ -11,10 +11,10 @@ from rich.console import Console
 
 from services import embedded
 from services.cli import build_parser, main, stack
-from services.cli.commands import TurnTracker, parse_policy, parse_retries, safety_of
+from services.cli.commands import parse_policy, parse_retries, safety_of
 from services.cli.errors import CliError
 from services.cli.live import LoopView
-from services.cli.render import answer_text, describe, event_json
+from services.cli.render import describe, event_json
 from services.tools.spec import ToolSpec
 from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result, user_text
 from shared.events import (
@@ -40,6 +40,7 @@ from shared.events import (
     TurnStarted,
     UserInputRequested,
 )
+from shared.turns import TurnTracker, answer_text
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
