@@ -22,9 +22,18 @@ class Backoff:
     False, and the caller gives up with its last error.
     """
 
-    def __init__(self, first: float, cap: float, *, within: float | None = None, deadline: float | None = None) -> None:
+    def __init__(
+        self,
+        first: float,
+        cap: float,
+        *,
+        within: float | None = None,
+        deadline: float | None = None,
+        least: float = 0.0,
+    ) -> None:
         self.delay = first
         self.cap = cap
+        self.least = least  # the smallest delay after the first (a first delay of 0 still grows)
         self.deadline = anyio.current_time() + within if within is not None else deadline
 
     def fits(self) -> bool:
@@ -34,7 +43,7 @@ class Backoff:
     async def sleep(self) -> None:
         """Wait the current delay (whatever the deadline), then grow it."""
         await anyio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.cap)
+        self.delay = min(max(self.delay * 2, self.least), self.cap)
 
     async def wait(self) -> bool:
         """Wait the current delay and grow it, if that fits the deadline; else return False at once."""

@@ -57,6 +57,7 @@ from services.tools.protocol import CallIds
 from services.tools.registry import LiveTool, ToolRegistry
 from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
 from shared import shaping, telemetry
+from shared.backoff import Backoff
 from shared.codec import encode_live
 from shared.content import ToolResultMessage
 from shared.events import (
@@ -258,7 +259,7 @@ async def run_batch(
             )
             policy = retry_policy(spec, (retries or {}).get(use.name))
             fresh = item.plan.fresh
-            backoff = policy.initial_backoff_seconds
+            backoff = Backoff(policy.initial_backoff_seconds, policy.max_backoff_seconds, least=0.05)
             attempt = 1
             while True:
                 for resend in range(NOT_STARTED_RESENDS + 1):
@@ -288,10 +289,9 @@ async def run_batch(
                 if fence is not None and not fence.held:
                     break
                 await on_progress(
-                    shaping.retry_notice(attempt, policy.max_attempts, outcome.status, outcome.message, backoff)
+                    shaping.retry_notice(attempt, policy.max_attempts, outcome.status, outcome.message, backoff.delay)
                 )
-                await anyio.sleep(backoff)
-                backoff = min(policy.max_backoff_seconds, max(backoff * 2, 0.05))
+                await backoff.sleep()
                 attempt += 1
             item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
             if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not spec.healthy:
