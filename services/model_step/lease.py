@@ -41,7 +41,7 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from shared import metrics
-from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT, is_gone
+from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT, is_gone, subjects
 from shared.errors import LoopwireError
 from shared.subjects import Names
 
@@ -186,6 +186,38 @@ class Leases:
 
     def forget(self, lease: Lease) -> None:
         self._held.discard(lease)
+
+    async def orphaned(self) -> list[str]:
+        """Loops whose lease names a holder that is gone (its process or its connection).
+
+        Their work items are still held by the dead replica until the work consumer's ack wait
+        passes; a new signal replaces such an item at once. Asked once by a replica starting up,
+        which is when a crashed replica's replacement arrives.
+        """
+        bucket = self.names.leases_bucket
+        prefix = f"$KV.{bucket}."
+        keys = [s[len(prefix) :] for s in await subjects(self.nc, f"KV_{bucket}", f"{prefix}>")]
+        found: list[str] = []
+        limiter = anyio.CapacityLimiter(32)
+
+        async def check(loop_id: str) -> None:
+            async with limiter:
+                try:
+                    entry = await self.kv.get(loop_id)
+                except nats.js.errors.KeyNotFoundError:
+                    return  # released or expired
+                holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
+                if (
+                    holder
+                    and holder != self.token
+                    and await is_gone(self.nc, self.names.lease_holder(holder), timeout=PING_SECONDS)
+                ):
+                    found.append(loop_id)
+
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(check, key)
+        return sorted(found)
 
     async def _create(self, loop_id: str) -> int | None:
         try:

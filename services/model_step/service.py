@@ -162,6 +162,7 @@ class ModelStepService:
     async def _pull_loop(self, puller: WorkPuller) -> None:
         slots = self._slots
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._take_orphans)
             while True:
                 await slots.acquire()
                 free = 1
@@ -180,6 +181,19 @@ class ModelStepService:
                         await m.nak()
                 for _ in range(free - min(free, len(msgs))):
                     slots.release()
+
+    async def _take_orphans(self) -> None:
+        """Signal the loops a dead replica held, so they resume now rather than after the ack wait."""
+        assert self._leases is not None and self._nc is not None
+        try:
+            loops = await self._leases.orphaned()
+            for loop_id in loops:
+                await signal_work(self._nc, self.names, loop_id, within=SIGNAL_SECONDS)
+        except Exception as e:  # an optimisation: the ack wait brings the items back anyway
+            log.warning("start-up: could not look for loops of a replica that is gone (%s)", e)
+            return
+        if loops:
+            log.info("start-up: %d loop(s) of a replica that is gone signalled", len(loops))
 
     async def _handle(self, msg: Msg) -> None:
         held = _Held(msg)
