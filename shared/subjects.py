@@ -29,6 +29,9 @@ H_START_BY: Final = "Lw-Start-By"
 # "1": the caller knows no earlier attempt of this execution id exists (the first send of a step
 # planned just now), so the worker may skip reading the call's record.
 H_FIRST_SEND: Final = "Lw-First-Send"
+# "1": the caller will never read this call's record — its step wrote no plan (read-only calls only),
+# so running the step again asks the model again — so a read-only tool writes no `done` record.
+H_NO_RECORD: Final = "Lw-No-Record"
 H_TRACEPARENT: Final = "traceparent"
 # Tool replies: "progress" (heartbeat) or "result"; a worker error carries "error".
 H_REPLY_KIND: Final = "Lw-Reply"

@@ -257,6 +257,10 @@ def asyncapi_document() -> dict[str, Any]:
                 "string",
                 '"1": no earlier attempt of this execution id exists (the worker skips reading its record)',
             ),
+            subjects.H_NO_RECORD: (
+                "string",
+                '"1": the caller never reads this call\'s record (a step with no plan): a read-only tool writes none',
+            ),
             subjects.H_TRACEPARENT: ("string", "W3C trace context"),
         },
         [subjects.H_LOOP_ID, subjects.H_EXECUTION_ID, subjects.H_DEADLINE],

@@ -159,12 +159,14 @@ class ToolClient:
         on_progress: ProgressFn | None = None,
         start_by_ms: int | None = None,
         first_send: bool = False,
+        no_record: bool = False,
     ) -> CallOutcome:
         """Run one call to completion; never raises for a worker's behaviour (only on cancellation).
 
         ``start_by_ms``: the worker must not start the call after this time (unix ms; the caller's
         lease ends then), so a request delayed past it — e.g. its sender was stopped — never runs.
         ``first_send``: no earlier attempt of this execution id can exist (see ``Lw-First-Send``).
+        ``no_record``: nobody will read this call's record (see ``Lw-No-Record``).
         """
         await self.start()
         token = self._nuid.next().decode()
@@ -181,7 +183,9 @@ class ToolClient:
                     self.names.tool(name),
                     args,
                     reply=reply,
-                    headers=p.request_headers(ids, int(deadline * 1000), start_by_ms, first_send=first_send),
+                    headers=p.request_headers(
+                        ids, int(deadline * 1000), start_by_ms, first_send=first_send, no_record=no_record
+                    ),
                 )
             except Exception as e:  # closed connection, full reconnect buffer, oversized arguments
                 return CallOutcome(CRASHED, message=f"could not send the call ({type(e).__name__}: {e})")

@@ -271,6 +271,7 @@ async def run_batch(
                         on_progress=on_progress,
                         start_by_ms=fence.start_by_ms() if fence is not None else None,
                         first_send=fresh and attempt == 1 and resend == 0,
+                        no_record=unplanned,
                     )
                     # Not started because it reached the worker late (a stopped or backlogged worker): it
                     # never ran, so send it again while our lease holds.
@@ -302,6 +303,9 @@ async def run_batch(
             tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, item.text)
         await complete(item)
 
+    # A step of read-only calls only wrote no plan (the driver's rule): running it again asks the model
+    # again, so nobody reads these calls' records and a read-only tool need not write them.
+    unplanned = all(it.spec is not None and it.spec.read_only for it in items if not it.plan.call.minted_id)
     runnable = [it for it in items if it.text is None]
     for item in runnable:
         if item.spec is not None and item.spec.sequential:

@@ -29,6 +29,7 @@ from shared.subjects import (
     H_FIRST_SEND,
     H_IDEMPOTENCY_KEY,
     H_LOOP_ID,
+    H_NO_RECORD,
     H_START_BY,
     H_STEP_ID,
     H_TOOL_USE_ID,
@@ -87,7 +88,12 @@ class CallIds(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def request_headers(
-    ids: CallIds, deadline_ms: int, start_by_ms: int | None = None, *, first_send: bool = False
+    ids: CallIds,
+    deadline_ms: int,
+    start_by_ms: int | None = None,
+    *,
+    first_send: bool = False,
+    no_record: bool = False,
 ) -> dict[str, str]:
     headers = {
         H_LOOP_ID: ids.loop_id,
@@ -104,6 +110,8 @@ def request_headers(
         headers[H_START_BY] = str(start_by_ms)
     if first_send:
         headers[H_FIRST_SEND] = "1"
+    if no_record:
+        headers[H_NO_RECORD] = "1"
     # Never send empty header values (and never CR/LF: nats-py 2.16 refuses them anyway).
     return {k: v for k, v in headers.items() if v and "\r" not in v and "\n" not in v}
 
@@ -129,6 +137,10 @@ def ids_from_headers(headers: dict[str, str] | None) -> tuple[CallIds, str, int 
 
 def first_send(headers: dict[str, str] | None) -> bool:
     return (headers or {}).get(H_FIRST_SEND) == "1"
+
+
+def no_record(headers: dict[str, str] | None) -> bool:
+    return (headers or {}).get(H_NO_RECORD) == "1"
 
 
 def start_by_from_headers(headers: dict[str, str] | None) -> int | None:

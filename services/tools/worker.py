@@ -487,8 +487,10 @@ class Worker:
                 tool_tracing.finished(span, t.name, tool_tracing.WORKER, outcome, tool_tracing.now() - started)
             if eid and self.results is not None and kind == p.REPLY_RESULT:
                 if call.spec.read_only:
-                    # Nothing to protect (running it again is harmless): written after the reply.
-                    after_reply = self._call_record(t, eid, call, DONE, p.REPLY_RESULT, body)
+                    # Nothing to protect (running it again is harmless): written after the reply,
+                    # and not at all when the caller says nobody will read it.
+                    if not p.no_record(msg.headers):
+                        after_reply = self._call_record(t, eid, call, DONE, p.REPLY_RESULT, body)
                 else:
                     await self._record_done(t, eid, call, body)
         except Exception as e:  # a bug here must cost one call, never the worker

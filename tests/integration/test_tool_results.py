@@ -114,6 +114,39 @@ async def test_a_recorded_call_is_answered_from_its_record_by_any_worker(nc: NAT
             assert rec is not None and rec.state == DONE
 
 
+async def _step(nc: NATS, settings: Settings, *names: str) -> list[str]:
+    """Run one step of calls (each with its own execution id) through the batch executor; their ids."""
+    spec_of = {t.name: t.spec(settings) for t in TOOLS}.get
+    plans = [
+        PlannedCall.approved(RawToolUse(id=f"u{i}", name=n, input=f'{{"tag": "s{i}"}}'), str(uuid.uuid4()))
+        for i, n in enumerate(names)
+    ]
+
+    async def publish(_e: Event) -> None:
+        return None
+
+    async with cl.ToolClient(nc, settings.names, heartbeat_seconds=0.3) as client:
+        await run_batch(
+            plans, loop_id=str(uuid.uuid4()), turn_id="t", step_id="s", spec_of=spec_of, client=client, publish=publish
+        )
+    return [pc.execution_id for pc in plans]
+
+
+async def test_a_step_of_read_only_calls_writes_no_record_and_a_step_with_a_plan_records_each(
+    nc: NATS, fast: Settings
+) -> None:
+    RUNS.clear()
+    store = ResultStore(nc, fast.names)
+    async with worker(fast):
+        (alone,) = await _step(nc, fast, "lookup")  # no plan: running it again asks the model again
+        mixed_lookup, mixed_effect = await _step(nc, fast, "lookup", "effect")  # a plan: records are read
+        await anyio.sleep(0.5)  # a read-only call's record is written after its reply
+    assert await store.call("lookup", alone) is None
+    for name, eid in (("lookup", mixed_lookup), ("effect", mixed_effect)):
+        rec = await store.call(name, eid)
+        assert rec is not None and rec.state == DONE, name
+
+
 async def test_a_planned_call_with_a_recorded_outcome_is_not_sent(nc: NATS, fast: Settings) -> None:
     RUNS.clear()
     events: list[Event] = []
