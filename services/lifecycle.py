@@ -12,11 +12,22 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import anyio
+import nats.errors
 from anyio.abc import TaskStatus
+from nats.aio.client import Client as NATS
 
 
 class Service(Protocol):
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+
+
+async def let_go(nc: NATS, *, within: float = 5.0) -> None:
+    """Drain ``nc`` (replies in flight leave first) within ``within`` seconds, shielded; else close it."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(within):
+        try:
+            await nc.drain()
+        except nats.errors.Error:
+            await nc.close()
 
 
 class _Started(TaskStatus[None]):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 import anyio
-import nats.errors
 from anyio.abc import TaskStatus
 
+from services.lifecycle import let_go
 from services.mcp.bridge import Bridge
 from services.mcp.connect import McpTarget
 from shared.bus import connect
@@ -47,8 +47,4 @@ class McpService:
             )
             await bridge.run(task_status=task_status)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                try:
-                    await nc.drain()
-                except nats.errors.Error:
-                    await nc.close()
+            await let_go(nc)

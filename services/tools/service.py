@@ -9,9 +9,9 @@ import importlib
 from collections.abc import Sequence
 
 import anyio
-import nats.errors
 from anyio.abc import TaskStatus
 
+from services.lifecycle import let_go
 from services.tools.sdk import Tool
 from services.tools.worker import Worker
 from shared.bus import connect
@@ -56,11 +56,7 @@ class ToolService:
         try:
             await Worker(self.tools, self.settings, nc).run(task_status=task_status)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                try:
-                    await nc.drain()
-                except nats.errors.Error:
-                    await nc.close()
+            await let_go(nc)
 
 
 def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: Settings | None = None) -> int:
