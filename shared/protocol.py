@@ -266,15 +266,16 @@ def encode(value: msgspec.Struct) -> bytes:
 def decode_request(data: bytes, cls: type[T], *, check_duplicates: bool = True) -> T:
     """Decode a request body strictly, or raise :class:`WireError` (kind ``invalid``) saying why.
 
-    A body that is exactly msgspec's encoding of what it decodes to (what every loopwire client
-    sends) has no duplicate key and no text the strict parser would refuse, so it skips the
-    pure-Python strict pass; any other body takes it. Embedded events (``msgspec.Raw``) are
-    re-encoded byte for byte, and the receiver checks each of them strictly on its own.
+    A commit request that is exactly msgspec's encoding of what it decodes to (what every loopwire
+    client sends) has no duplicate key and no text the strict parser would refuse, so it skips the
+    pure-Python strict pass; any other body takes it. Its events (``msgspec.Raw``) are re-encoded
+    byte for byte, and the committer checks each of them strictly on its own. Only commit requests:
+    a request with free-form maps (a start's policy) could still hide keys that differ only in case.
     """
     dec = _decoders.get(cls)
     if dec is None:
         dec = _decoders[cls] = msgspec.json.Decoder(cls)
-    if check_duplicates:
+    if check_duplicates and cls is CommitRequest:
         try:
             fast = dec.decode(data)
             if _encoder.encode(fast) == data:

@@ -209,6 +209,8 @@ def _loop_started(name: str, e: Event, strict: bool = True) -> None:
         for k, v in e.policy.items()
     ):
         raise _fail(name, "policy", Rule.INVALID)
+    _distinct_keys(name, "policy", e.policy)
+    _distinct_keys(name, "retries", e.retries)
     if e.default_policy not in ev.POLICY_EFFECTS:
         raise _fail(name, "default_policy", Rule.INVALID)
     _check_limits(name, e.limits)
@@ -397,12 +399,20 @@ def _bounded(name: str, field: str, text: object, max_bytes: int, max_lines: int
         raise _fail(name, field, Rule.INVALID)
 
 
+def _distinct_keys(name: str, field: str, d: object) -> None:
+    """No two keys of a map equal case-insensitively: decoding refuses such JSON objects, so encoding must."""
+    if isinstance(d, dict) and len({str(k).casefold() for k in d}) != len(d):
+        raise _fail(name, field, Rule.INVALID)
+
+
 def _loop_forked(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.LoopForked)
     if not is_uuid(e.source_loop_id):
         raise _fail(name, "source_loop_id", Rule.INVALID)
     if e.source_loop_id == e.loop_id:
         raise _fail(name, "source_loop_id", Rule.INVALID)
+    _distinct_keys(name, "reexecution", e.reexecution)
+    _distinct_keys(name, "changes", e.changes.policy if e.changes is not None else None)
 
 
 def _tool_call_started(name: str, e: Event, strict: bool = True) -> None:

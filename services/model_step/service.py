@@ -81,6 +81,7 @@ class _Held:
 
     msg: Msg
     adoptable: bool = True  # until the drive acks (or gives up): later signals come back after it
+    renewed: bool = False  # a signal was taken in during the current pass of the drive
 
     async def in_progress(self) -> None:
         await self.msg.in_progress()
@@ -241,9 +242,11 @@ class ModelStepService:
         if driving is not None:
             if driving.adoptable:
                 # A new signal for a loop driven here replaced the drive's item in the stream: the
-                # drive takes it as its item (and sees the new record itself); the old one is done.
+                # drive takes it as its item, and reads the history once more before it acks it (so
+                # the item is acked only after a pass that began after it); the old one is done.
                 # Naking it instead would bring it back after the drive, for a drive of its own.
                 replaced, driving.msg = driving.msg, msg
+                driving.renewed = True
                 with contextlib.suppress(Exception):
                     await replaced.ack()
                 return
@@ -275,7 +278,11 @@ class ModelStepService:
                 lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
                 tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=held.in_progress))
                 try:
-                    await self._driver.drive(loop_id, lease)
+                    while True:
+                        held.renewed = False
+                        await self._driver.drive(loop_id, lease)
+                        if not held.renewed:  # no signal came in during this pass
+                            break
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     held.adoptable = False
