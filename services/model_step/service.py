@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
@@ -75,18 +74,6 @@ async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
             await anyio.sleep(0.5)
 
 
-@dataclass(slots=True)
-class _Held:
-    """The work item a drive holds; a newer signal for the same loop replaces it while it drives."""
-
-    msg: Msg
-    adoptable: bool = True  # until the drive acks (or gives up): later signals come back after it
-    renewed: bool = False  # a signal was taken in during the current pass of the drive
-
-    async def in_progress(self) -> None:
-        await self.msg.in_progress()
-
-
 class ModelStepService:
     """One model-step replica: pulls work items, leases their loops and drives them."""
 
@@ -101,7 +88,7 @@ class ModelStepService:
         self._slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
         self._tick = work_ack_wait(settings) / 4
         # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
-        self._busy: dict[str, _Held] = {}
+        self._busy: set[str] = set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
@@ -197,13 +184,12 @@ class ModelStepService:
             log.info("start-up: %d loop(s) of a replica that is gone signalled", len(loops))
 
     async def _handle(self, msg: Msg) -> None:
-        held = _Held(msg)
         try:
-            await self._handle_item(held)
+            await self._handle_item(msg)
         except Exception:
             log.exception("work item %s failed; retrying later", msg.subject)
             with contextlib.suppress(Exception):
-                await held.msg.nak(delay=1.0)
+                await msg.nak(delay=1.0)
         finally:
             self._slots.release()
 
@@ -235,61 +221,41 @@ class ModelStepService:
                     return
             await anyio.sleep(0.5)
 
-    async def _handle_item(self, held: _Held) -> None:
-        msg = held.msg
+    async def _handle_item(self, msg: Msg) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
-        driving = self._busy.get(loop_id)
-        if driving is not None:
-            if driving.adoptable:
-                # A new signal for a loop driven here replaced the drive's item in the stream: the
-                # drive takes it as its item, and reads the history once more before it acks it (so
-                # the item is acked only after a pass that began after it); the old one is done.
-                # Naking it instead would bring it back after the drive, for a drive of its own.
-                replaced, driving.msg = driving.msg, msg
-                driving.renewed = True
-                with contextlib.suppress(Exception):
-                    await replaced.ack()
-                return
-            # the drive is past its ack (looking again) or lost its lease: come back after it
+        if loop_id in self._busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
             await msg.nak(delay=BUSY_NAK_SECONDS)
             return
-        self._busy[loop_id] = held
+        self._busy.add(loop_id)
         if metrics.ENABLED:
             with contextlib.suppress(Exception):  # a pull reply's metadata says how many wait behind it
                 metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
         metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
             with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
-                await self._drive_item(held, loop_id)
+                await self._drive_item(msg, loop_id)
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
-            del self._busy[loop_id]
+            self._busy.discard(loop_id)
 
-    async def _drive_item(self, held: _Held, loop_id: str) -> None:
+    async def _drive_item(self, msg: Msg, loop_id: str) -> None:
         leases = self._leases
         assert leases is not None
         lease = await leases.acquire(loop_id)
         if lease is None:
-            held.adoptable = False
-            await held.msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
+            await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
         try:
             async with anyio.create_task_group() as tg:
                 lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
-                tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=held.in_progress))
+                tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
                 try:
-                    while True:
-                        held.renewed = False
-                        await self._driver.drive(loop_id, lease)
-                        if not held.renewed:  # no signal came in during this pass
-                            break
+                    await self._driver.drive(loop_id, lease)
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
-                    held.adoptable = False
-                    await held.msg.ack()
+                    await msg.ack()
                     await self._look_again(loop_id)
                 except LeaseLost:
-                    held.adoptable = False
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)
                 tg.cancel_scope.cancel()
         finally:
