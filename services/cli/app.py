@@ -454,9 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with contextlib.suppress(AttributeError, ValueError):  # a replaced stdout (tests) may not support it
         sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
-    args = parse_args(argv)
     try:
-        return _dispatch(args)
+        # Parsing imports the commands: a Ctrl-C that lands there is an interrupt like any other.
+        return _dispatch(parse_args(argv))
     except CliError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1

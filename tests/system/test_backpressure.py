@@ -66,22 +66,22 @@ class HeldItems:
     async def watch(cls, nc: NATS, settings: Settings) -> HeldItems:
         n = settings.names
         held = cls(f"$JS.ACK.{n.work_stream}.{n.work_consumer}.")
-        await nc.subscribe(f"{settings.nats_inbox_prefix}.>", cb=held._on_delivery)
-        await nc.subscribe(f"{held.ack_prefix}>", cb=held._on_answer)
+        # One subscription, so deliveries and answers are seen in the order the server routed them
+        # (each subscription of nats-py runs its callbacks in a task of its own).
+        await nc.subscribe(">", cb=held._on_msg)
         await nc.flush()
         return held
 
-    async def _on_delivery(self, m: Msg) -> None:
-        if m.reply.startswith(self.ack_prefix):
+    async def _on_msg(self, m: Msg) -> None:
+        if m.subject.startswith(self.ack_prefix):
+            if m.data.startswith(b"+WPI"):  # "still working on it": held on
+                return
+            self.naks += m.data.startswith(b"-NAK")
+            self.open.discard(m.subject)
+        elif m.reply.startswith(self.ack_prefix):
             self.delivered += 1
             self.open.add(m.reply)
             self.most = max(self.most, len(self.open))
-
-    async def _on_answer(self, m: Msg) -> None:
-        if m.data.startswith(b"+WPI"):  # "still working on it": held on
-            return
-        self.naks += m.data.startswith(b"-NAK")
-        self.open.discard(m.subject)
 
 
 async def timed_load(f: Fleet, settings: Settings, model: str) -> float:
