@@ -40,7 +40,7 @@ from services.model_step.models.base import (
 )
 from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
-from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup
+from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
 from services.tools.client import outcome_of
 from services.tools.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
@@ -436,7 +436,7 @@ class LoopDriver:
             iteration=iterations,
             calls_so_far=calls_so_far,
         )
-        if self.results is not None and not all(_read_only(self._spec(h, c.name)) for c in calls if not c.minted_id):
+        if self.results is not None and step_needs_plan(self._spec(h, c.name) for c in calls if not c.minted_id):
             # (a step of read-only calls only needs no plan: asking the model again is harmless)
             if guard is not None:
                 guard.check()
@@ -806,10 +806,6 @@ def _with_decision(s: ev.SuspendedStep, decision: ev.Decision) -> ev.SuspendedSt
         iteration=s.iteration,
         calls_so_far=s.calls_so_far,
     )
-
-
-def _read_only(spec: ToolSpec | None) -> bool:
-    return spec is not None and spec.read_only
 
 
 def _has_policy(config: ev.LoopStarted | None) -> bool:

@@ -8,7 +8,7 @@ module; it imports none of them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -99,3 +99,13 @@ class Execute(Protocol):
 
 
 __all__ = ["Execute", "Fence", "PlannedCall", "Publisher", "RecordFit", "SpecOf", "ToolLookup"]
+
+
+def step_needs_plan(specs: Iterable[ToolSpec | None]) -> bool:
+    """Whether a step with calls of these tools (minted ids left out) records its plan before its calls.
+
+    A step of read-only calls only does not: running it again asks the model again, harmlessly,
+    so nobody reads its plan or its calls' records either (the executor sends ``Lw-No-Record``).
+    An unknown tool counts as not read-only.
+    """
+    return not all(spec is not None and spec.read_only for spec in specs)

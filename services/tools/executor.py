@@ -52,7 +52,7 @@ from nats.aio.client import Client as NATS
 
 from services.tools import client as cl
 from services.tools import tracing as tool_tracing
-from services.tools.base import Fence, PlannedCall, Publisher, RecordFit, SpecOf
+from services.tools.base import Fence, PlannedCall, Publisher, RecordFit, SpecOf, step_needs_plan
 from services.tools.protocol import CallIds
 from services.tools.registry import LiveTool, ToolRegistry
 from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
@@ -303,9 +303,7 @@ async def run_batch(
             tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, item.text)
         await complete(item)
 
-    # A step of read-only calls only wrote no plan (the driver's rule): running it again asks the model
-    # again, so nobody reads these calls' records and a read-only tool need not write them.
-    unplanned = all(it.spec is not None and it.spec.read_only for it in items if not it.plan.call.minted_id)
+    unplanned = not step_needs_plan(it.spec for it in items if not it.plan.call.minted_id)
     runnable = [it for it in items if it.text is None]
     for item in runnable:
         if item.spec is not None and item.spec.sequential:
