@@ -11,6 +11,8 @@ The classification lives in :data:`CLASSIFICATION` and nowhere else.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -469,16 +471,30 @@ def type_name(event: Event | type[Event]) -> str:
 _STEP_NS: Final = uuid.UUID("4f1d3c2a-7b7e-4e55-9a51-0c2f6f1b9d10")
 
 
+def _uuid_text(b: bytes, version: int) -> str:
+    """``str(uuid.UUID(bytes=b, version=version))`` without building the UUID object (every step
+    mints several ids, and the UUID class's checks cost more than the hash itself)."""
+    h = bytearray(b)
+    h[6] = (h[6] & 0x0F) | (version << 4)
+    h[8] = (h[8] & 0x3F) | 0x80
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+def _uuid5(namespace: bytes, name: str) -> str:
+    return _uuid_text(hashlib.sha1(namespace + name.encode(), usedforsecurity=False).digest()[:16], 5)
+
+
 def step_id_for(turn_id: str, step_index: int) -> str:
-    return str(uuid.uuid5(_STEP_NS, f"{turn_id}:{step_index}"))
+    return _uuid5(_STEP_NS.bytes, f"{turn_id}:{step_index}")
 
 
 def execution_id_for(step_id: str, tool_use_id: str) -> str:
-    return str(uuid.uuid5(uuid.UUID(step_id), tool_use_id))
+    return _uuid5(uuid.UUID(step_id).bytes, tool_use_id)
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    return _uuid_text(os.urandom(16), 4)
 
 
 def now_rfc3339() -> str:

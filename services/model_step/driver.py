@@ -27,7 +27,7 @@ from nats.aio.msg import Msg
 
 from services.lifecycle import raise_single
 from services.model_step import forkcalls, tracing
-from services.model_step.frames import TokenFrames
+from services.model_step.frames import FrameClock, TokenFrames
 from services.model_step.lease import Guard
 from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
@@ -102,6 +102,9 @@ class LoopDriver:
     _made: dict[str, int] = field(default_factory=dict)
     # Per forked loop being driven: the source's recorded results after the fork point.
     _fork_sources: dict[str, forkcalls.SourceResults] = field(default_factory=dict)
+    # Ends the live token frames no chunk ends; the service runs it for its lifetime (otherwise
+    # each drive runs it for itself).
+    frame_clock: FrameClock = field(default_factory=FrameClock)
 
     @property
     def _max_record(self) -> int:
@@ -118,7 +121,18 @@ class LoopDriver:
             raise RuntimeError(f"loop {loop_id} is already being driven in this process")
         self._guards[loop_id] = guard
         try:
-            return await self._drive(loop_id)
+            if self.frame_clock.running:
+                return await self._drive(loop_id)
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.frame_clock.run)
+                    try:
+                        h = await self._drive(loop_id)
+                    finally:
+                        tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                raise_single(group)  # the drive's own error (LeaseLost, ...), as itself
+            return h
         finally:
             del self._guards[loop_id]
             self._basis.pop(loop_id, None)
@@ -306,7 +320,7 @@ class LoopDriver:
         if self.cache.get(h.loop_id) is not h or len(seqs) != len(events) or not seqs or seqs[0] <= h.last_seq:
             return False
         for event, seq in zip(events, seqs, strict=True):
-            h.apply(event, seq)
+            h.apply(event, seq, copy=False)  # built for this commit alone: nothing else holds them
         return True
 
     async def _fail_turn(
@@ -381,23 +395,18 @@ class LoopDriver:
 
         try:
             with chat as chat_span:
+                frames = TokenFrames(publish, self.frame_clock)
                 try:
-                    async with anyio.create_task_group() as frames_tg:  # the frames' timer
-                        frames = TokenFrames(publish, frames_tg)
-                        try:
-                            async for chunk in model.stream(request):
-                                if guard is not None and not guard.held:
-                                    guard.check()
-                                if is_delta(chunk.kind):
-                                    await frames.add(chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
-                                acc.add(chunk)
-                        finally:
-                            # every chunk is seen live before the step that holds it is committed
-                            with anyio.CancelScope(shield=True):
-                                await frames.flush()
-                            frames_tg.cancel_scope.cancel()
-                except BaseExceptionGroup as group:
-                    raise_single(group)  # the stream's own error, as itself
+                    async for chunk in model.stream(request):
+                        if guard is not None and not guard.held:
+                            guard.check()
+                        if is_delta(chunk.kind):
+                            await frames.add(chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
+                        acc.add(chunk)
+                finally:
+                    # every chunk is seen live before the step that holds it is committed
+                    with anyio.CancelScope(shield=True):
+                        await frames.flush()
                 tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
             await self._fail_turn(

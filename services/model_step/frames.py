@@ -6,6 +6,9 @@ block index, no new tool-use id or name) is appended to it, and the frame is pub
 next chunk starts something else, when it is ``FRAME_SECONDS`` old, or when the stream ends — so a
 live reader still sees every chunk's text, in order, at most one frame late, and always before
 the step that holds it is committed (the driver flushes before it folds the step into a commit).
+
+One :class:`FrameClock` per process ends the frames no chunk ends: a step only registers its open
+frame with it, so a model that answers at once costs no timer task, task group or cancellation.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskStatus
 
 from shared import events as ev
 
@@ -24,21 +27,61 @@ FRAME_SECONDS: Final = 0.05
 Publish = Callable[[ev.Chunk], Awaitable[None]]
 
 
-class TokenFrames:
-    """Coalesces chunks into frames; ``tg`` runs the timer that ends a frame no chunk ends."""
+class FrameClock:
+    """Ends each registered frame when it is a window old; :meth:`run` is its one task.
 
-    def __init__(self, publish: Publish, tg: TaskGroup, window: float = FRAME_SECONDS) -> None:
+    Idle (no frame registered since it last looked) it waits for a registration; busy, it looks
+    once a window, and sleeps no longer than the oldest open frame's due time.
+    """
+
+    def __init__(self, window: float = FRAME_SECONDS) -> None:
+        self.window = window
+        self.running = False
+        self._due: dict[TokenFrames, float] = {}
+        self._seen = False  # a frame was registered since the clock last looked
+        self._wake: anyio.Event | None = None
+
+    def watch(self, frames: TokenFrames, due: float) -> None:
+        self._due[frames] = due
+        self._seen = True
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
+
+    def forget(self, frames: TokenFrames) -> None:
+        self._due.pop(frames, None)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.running = True
+        task_status.started()
+        try:
+            while True:
+                if not self._due and not self._seen:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                self._seen = False
+                now = anyio.current_time()
+                for frames, due in list(self._due.items()):
+                    if due <= now:
+                        await frames.flush()
+                now = anyio.current_time()
+                await anyio.sleep(max(0.0, min(self._due.values(), default=now + self.window) - now))
+        finally:
+            self.running = False
+
+
+class TokenFrames:
+    """Coalesces one step's chunks into frames; ``clock`` ends a frame no chunk ends."""
+
+    def __init__(self, publish: Publish, clock: FrameClock) -> None:
         self._publish = publish
-        self._tg = tg
-        self._window = window
+        self._clock = clock
         self._kind = ""
         self._index = 0
         self._id = ""
         self._name = ""
         self._parts: list[str] = []
         self._open = False
-        self._opened = 0.0  # when the open frame's first chunk came
-        self._timing = False
 
     async def add(self, kind: str, text: str, index: int, id: str, name: str) -> None:
         if self._open and (kind != self._kind or index != self._index or id or name):
@@ -46,10 +89,7 @@ class TokenFrames:
         if not self._open:
             self._open = True
             self._kind, self._index, self._id, self._name = kind, index, id, name
-            self._opened = anyio.current_time()
-            if not self._timing:
-                self._timing = True
-                self._tg.start_soon(self._timer)
+            self._clock.watch(self, anyio.current_time() + self._clock.window)
         self._parts.append(text)
 
     async def flush(self) -> None:
@@ -64,16 +104,5 @@ class TokenFrames:
         )
         self._open = False
         self._parts = []
+        self._clock.forget(self)
         await self._publish(chunk)
-
-    async def _timer(self) -> None:
-        """Ends each open frame when it is a window old; returns when no frame is open."""
-        try:
-            while self._open:
-                due = self._opened + self._window
-                if anyio.current_time() >= due:
-                    await self.flush()
-                else:
-                    await anyio.sleep(due - anyio.current_time())
-        finally:
-            self._timing = False

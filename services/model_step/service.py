@@ -150,6 +150,7 @@ class ModelStepService:
     async def _pull_loop(self, puller: WorkPuller) -> None:
         slots = self._slots
         async with anyio.create_task_group() as tg:
+            await tg.start(self._driver.frame_clock.run)
             tg.start_soon(self._take_orphans)
             while True:
                 await slots.acquire()

@@ -7,7 +7,7 @@ import itertools
 import anyio
 import pytest
 
-from services.model_step.frames import TokenFrames
+from services.model_step.frames import FrameClock, TokenFrames
 from shared import events as ev
 
 pytestmark = pytest.mark.anyio
@@ -28,7 +28,9 @@ class Sink:
 async def feed(chunks: list[tuple[str, str, int, str, str]], *, gap: float = 0.0, window: float = 0.05) -> Sink:
     sink = Sink()
     async with anyio.create_task_group() as tg:
-        frames = TokenFrames(sink, tg, window=window)
+        clock = FrameClock(window)
+        await tg.start(clock.run)
+        frames = TokenFrames(sink, clock)
         for kind, text, index, id_, name in chunks:
             await frames.add(kind, text, index, id_, name)
             if gap:
@@ -71,7 +73,9 @@ async def test_a_chunk_that_starts_something_new_ends_the_frame(second: tuple[st
 async def test_a_frame_is_published_when_it_is_a_window_old_even_if_no_chunk_follows() -> None:
     sink = Sink()
     async with anyio.create_task_group() as tg:
-        frames = TokenFrames(sink, tg, window=0.05)
+        clock = FrameClock(0.05)
+        await tg.start(clock.run)
+        frames = TokenFrames(sink, clock)
         t0 = anyio.current_time()
         await frames.add("text", "a", 0, "", "")
         await anyio.sleep(0.3)  # the model pauses: the open frame must not wait for it
@@ -93,3 +97,20 @@ async def test_a_steady_stream_publishes_at_least_every_window() -> None:
 
 async def test_nothing_is_published_without_chunks() -> None:
     assert (await feed([])).frames == []
+
+
+async def test_one_clock_ends_each_of_many_open_frames_a_window_after_it_opened() -> None:
+    sinks = [Sink() for _ in range(3)]
+    async with anyio.create_task_group() as tg:
+        clock = FrameClock(0.05)
+        await tg.start(clock.run)
+        opened = []
+        for sink in sinks:  # opened 30 ms apart: the clock must not wait for the newest one
+            opened.append(anyio.current_time())
+            await TokenFrames(sink, clock).add("text", "x", 0, "", "")
+            await anyio.sleep(0.03)
+        await anyio.sleep(0.2)
+        tg.cancel_scope.cancel()
+    for t0, sink in zip(opened, sinks, strict=True):
+        assert len(sink.frames) == 1
+        assert 0.04 <= sink.frames[0][0] - t0 < 0.15

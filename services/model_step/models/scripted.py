@@ -170,12 +170,14 @@ class ScriptedModel:
     def from_data(cls, data: object, name: str = "scripted:<inline>") -> ScriptedModel:
         return cls(Script.parse(data), name=name)
 
-    def response_for(self, request: ModelRequest) -> Response:
+    def response_for(self, request: ModelRequest, k: int | None = None) -> Response:
+        """Response ``k`` (default: :func:`position` of the request) for the request's conversation."""
         responses = self.script.responses
         first_user = next((m for m in request.messages if isinstance(m, UserMessage)), None)
         if first_user is not None:
             responses = self.script.by_first_user_text.get(text_of(first_user), responses)
-        k = position(request)
+        if k is None:
+            k = position(request)
         if k < len(responses):
             return responses[k]
         if self.script.repeat_last and responses:
@@ -184,12 +186,14 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         k = position(request)
-        for item in self.response_for(request):
+        # One checkpoint per response, like a provider's first network read: cancellation lands
+        # here; chunks scripted back to back then arrive at once (a pause is an explicit sleep).
+        await anyio.lowlevel.checkpoint()
+        for item in self.response_for(request, k):
             if isinstance(item, ModelChunk):
                 if "{k}" in item.id:
                     item = msgspec.structs.replace(item, id=item.id.replace("{k}", str(k)))
                 yield item
-                await anyio.lowlevel.checkpoint()  # a checkpoint per chunk: cancellation lands mid-stream
             elif item.name == "sleep":
                 await anyio.sleep(float(item.value))
             elif item.name == "hang":
