@@ -6,6 +6,7 @@ whole loop for the common case "call again while it raises one of these".
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -66,11 +67,14 @@ async def retry(
 
     ``before_wait(error)`` runs, inside the ``except`` block, before each wait (e.g. to log it).
     """
-    backoff = Backoff(first, cap, within=within)
+    started = time.monotonic()
+    backoff: Backoff | None = None  # made at the first failure: most calls succeed at once
     while True:
         try:
             return await fn()
         except on as e:
+            if backoff is None:
+                backoff = Backoff(first, cap, within=within - (time.monotonic() - started))
             if not backoff.fits():
                 raise
             if before_wait is not None:

@@ -13,6 +13,7 @@ frame with it, so a model that answers at once costs no timer task, task group o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -60,11 +61,11 @@ class FrameClock:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                 self._seen = False
-                now = anyio.current_time()
+                now = time.monotonic()
                 for frames, due in list(self._due.items()):
                     if due <= now:
                         await frames.flush()
-                now = anyio.current_time()
+                now = time.monotonic()
                 await anyio.sleep(max(0.0, min(self._due.values(), default=now + self.window) - now))
         finally:
             self.running = False
@@ -89,7 +90,8 @@ class TokenFrames:
         if not self._open:
             self._open = True
             self._kind, self._index, self._id, self._name = kind, index, id, name
-            self._clock.watch(self, anyio.current_time() + self._clock.window)
+            # (time.monotonic is the clock asyncio's loop.time() reads, without anyio's backend lookup)
+            self._clock.watch(self, time.monotonic() + self._clock.window)
         self._parts.append(text)
 
     async def flush(self) -> None:

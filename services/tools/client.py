@@ -23,17 +23,17 @@ worker that resumes (SIGCONT, healed partition) drops the orphaned call.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
 import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectSendStream
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -91,6 +91,37 @@ def outcome_of(kind: str, body: bytes, worker: str = "") -> CallOutcome:
     return CallOutcome(CRASHED, message=f"unexpected reply kind {kind!r}", worker_id=worker)
 
 
+class _Replies:
+    """The replies of one call in flight: the inbox callback adds them, the caller takes them in order.
+
+    A deque and a future rather than a memory object stream: a call waits for one or two replies,
+    and the stream's per-receive checkpoint and waiter objects cost more than the rest of the wait.
+    """
+
+    __slots__ = ("_msgs", "_waiter")
+
+    def __init__(self) -> None:
+        self._msgs: deque[Msg] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, msg: Msg) -> None:
+        self._msgs.append(msg)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self, timeout: float) -> Msg | None:
+        """The next reply, or None when none comes within ``timeout`` seconds."""
+        if not self._msgs:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            except TimeoutError:
+                return None
+            finally:
+                self._waiter = None
+        return self._msgs.popleft()
+
+
 class ToolClient:
     """Calls tools over NATS. ``heartbeat_seconds`` should match the workers' ``LW_HEARTBEAT_SECONDS``
     (a worker announces its own interval in every heartbeat, and the larger one is used)."""
@@ -111,7 +142,7 @@ class ToolClient:
         self.grace_seconds = grace_seconds
         self._inbox = ""
         self._sub: Subscription | None = None
-        self._pending: dict[str, MemoryObjectSendStream[Msg]] = {}
+        self._pending: dict[str, _Replies] = {}
         self._nuid = NUID()
         self._lock = anyio.Lock()
 
@@ -138,10 +169,9 @@ class ToolClient:
 
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rsplit(".", 1)[-1]
-        send = self._pending.get(token)
-        if send is not None:
-            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                send.send_nowait(msg)
+        replies = self._pending.get(token)
+        if replies is not None:
+            replies.put(msg)
 
     async def cancel(self, execution_id: str, attempt: str = "") -> None:
         """Ask whichever worker runs ``execution_id`` to stop it; ``attempt`` (the call's reply
@@ -171,8 +201,7 @@ class ToolClient:
         await self.start()
         token = self._nuid.next().decode()
         reply = f"{self._inbox}.{token}"
-        send, recv = anyio.create_memory_object_stream[Msg](math.inf)
-        self._pending[token] = send
+        replies = self._pending[token] = _Replies()
         deadline = time.time() + timeout
         hard_end = time.monotonic() + timeout + self.grace_seconds
         interval = self.heartbeat_seconds
@@ -194,9 +223,7 @@ class ToolClient:
                 if wait <= 0:
                     await self.cancel(ids.execution_id, reply)
                     return CallOutcome(TIMEOUT, message="no reply before the deadline", worker_id=worker)
-                msg: Msg | None = None
-                with anyio.move_on_after(wait):
-                    msg = await recv.receive()
+                msg = await replies.get(wait)
                 if msg is None:
                     # Giving up: tell a worker that may come back (SIGSTOP, partition) to drop the call.
                     await self.cancel(ids.execution_id, reply)
@@ -225,4 +252,3 @@ class ToolClient:
             raise
         finally:
             self._pending.pop(token, None)
-            send.close()

@@ -326,6 +326,8 @@ async def run_batch(
             if done is not None:
                 done.set()
 
+    if not parallel:
+        return _results(items, fit)
     async with anyio.create_task_group() as tg:
         for item in parallel:
             after = done = None
@@ -333,7 +335,10 @@ async def run_batch(
                 after = last_of_key.get(item.write_key)
                 done = last_of_key[item.write_key] = anyio.Event()
             tg.start_soon(run_parallel, item, after, done)
+    return _results(items, fit)
 
+
+def _results(items: Sequence[_Item], fit: RecordFit | None) -> list[ToolResultMessage]:
     results = [shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error) for it in items]
     return results if fit is None else fit_results(fit, results)
 
