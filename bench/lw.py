@@ -1,6 +1,7 @@
 """A loopwire deployment for the benchmarks: nats-server(s) and every service as its own OS process.
 
-:class:`Deployment` starts one nats-server (R1) or a 3-node cluster (R3), ``replicas`` committers,
+:class:`Deployment` starts one nats-server (R1) or a 3-node cluster (R3: every process connects to
+its first node, ``LW_NATS_IN_ORDER``, like the floor's clients), ``replicas`` committers,
 calculator tool workers and model-step replicas (``shared.procs``), and runs loops of the workload
 through the loop API. Step timings come from a live core subscription to the history subjects:
 the committer's JetStream publish on ``<prefix>.hist.<loop>`` reaches core subscribers too, so each
@@ -119,6 +120,7 @@ class Deployment:
             nats_urls=tuple(self.urls),
             prefix=PREFIX,
             replicas=3 if self.cluster else 1,
+            nats_in_order=self.cluster,
         )
 
     @property
@@ -127,6 +129,8 @@ class Deployment:
             "LW_NATS_URL": ",".join(self.urls),
             "LW_PREFIX": PREFIX,
             "LW_REPLICAS": "3" if self.cluster else "1",
+            # On the cluster every process connects to the first node, as the floor's clients do.
+            "LW_NATS_IN_ORDER": "1" if self.cluster else "0",
             "LW_LOG_LEVEL": "WARNING",
             "LW_MODEL_STEP_CONCURRENCY": "512",
             **self.env_extra,

@@ -151,6 +151,11 @@ class Settings:
     nats_tls_cert: str = setting("LW_NATS_TLS_CERT", "", "client certificate for mutual TLS")
     nats_tls_key: str = setting("LW_NATS_TLS_KEY", "", "client key for mutual TLS")
     nats_inbox_prefix: str = setting("LW_NATS_INBOX_PREFIX", "_INBOX", "private inbox prefix for this identity")
+    nats_in_order: bool = setting(
+        "LW_NATS_IN_ORDER",
+        False,
+        "1 = connect to the NATS URLs in the order listed (put this machine's node first) instead of at random",
+    )
     prefix: str = setting("LW_PREFIX", "lw", "subject prefix and stream/bucket name prefix")
     replicas: int = setting("LW_REPLICAS", 1, "replicas of every stream and bucket: 1 or 3", parse=one_of(1, 3))
     max_record_bytes: int = setting("LW_MAX_RECORD_BYTES", 1024 * 1024, "largest durable record in bytes")
