@@ -753,6 +753,26 @@ async def subjects(nc: NATS, stream: str, subjects_filter: str, *, request_timeo
             return out
 
 
+class _PurgeWire(msgspec.Struct):
+    success: bool = False
+    purged: int = 0
+    error: _ApiError | None = None
+
+
+async def purge_work(nc: NATS, names: Names, loop_id: str, *, through_seq: int, request_timeout: float = 2.0) -> int:
+    """Delete the work signals of ``loop_id`` up to stream sequence ``through_seq``; how many went.
+
+    Bounded by sequence, never "all of the subject": a signal published later is kept even when
+    the purge is applied late (a leader election), so a purge cannot swallow a wake-up it never saw.
+    """
+    req = {"filter": names.work(loop_id), "seq": through_seq + 1}  # JetStream: "up to, not including"
+    msg = await _request(nc, js_api("STREAM.PURGE", names.work_stream), _json.encode(req), None, request_timeout)
+    resp = msgspec.json.decode(msg.data, type=_PurgeWire)
+    if resp.error is not None:
+        raise JetStreamError(resp.error.code, resp.error.err_code, resp.error.description)
+    return resp.purged
+
+
 class _StreamStateWire(msgspec.Struct):
     subjects: dict[str, int] | None = None
 

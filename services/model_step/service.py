@@ -25,7 +25,7 @@ from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config
 from shared import logfmt, metrics, telemetry
-from shared.bus import connect, ensure_all, is_transient_setup_error, signal_work
+from shared.bus import connect, ensure_all, is_transient_setup_error, purge_work, signal_work
 from shared.client import CommitClient
 from shared.history import load
 from shared.results import ResultStore
@@ -89,6 +89,10 @@ class ModelStepService:
         self._tick = work_ack_wait(settings) / 4
         # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
         self._busy: set[str] = set()
+        # Per loop driven here: the stream sequence of the latest work signal that came in meanwhile
+        # (deleted after the drive's look again instead of coming back for a drive of its own).
+        self._signalled: dict[str, int] = {}
+        self._finishing: set[str] = set()  # loops whose drive here is past that removal
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
@@ -222,10 +226,30 @@ class ModelStepService:
                     return
             await anyio.sleep(0.5)
 
+    async def _drop_signals(self, loop_id: str) -> None:
+        """Delete the signals that came in during the drive (before the look again, which sees the
+        work of every one of them: each was published after its commit). An optimisation: a signal
+        left in place is delivered again and costs one drive that finds nothing to do."""
+        self._finishing.add(loop_id)
+        seq = self._signalled.pop(loop_id, 0)
+        if seq and self._nc is not None:
+            try:
+                await purge_work(self._nc, self.names, loop_id, through_seq=seq)
+            except Exception as e:
+                log.debug("loop %s: signals of the drive left in place (%s)", loop_id, e)
+
     async def _handle_item(self, msg: Msg) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
         if loop_id in self._busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
-            await msg.nak(delay=BUSY_NAK_SECONDS)
+            if loop_id in self._finishing:  # past its last look: this signal must come back soon
+                await msg.nak(delay=BUSY_NAK_SECONDS)
+                return
+            # The drive looks at the history again when it ends and removes this signal first; it comes
+            # back only if this replica dies before, after the ack wait like the drive's own item.
+            with contextlib.suppress(Exception):
+                seq = msg.metadata.sequence.stream
+                self._signalled[loop_id] = max(seq, self._signalled.get(loop_id, 0))
+            await msg.nak(delay=work_ack_wait(self.settings))
             return
         self._busy.add(loop_id)
         if metrics.ENABLED:
@@ -238,6 +262,7 @@ class ModelStepService:
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
             self._busy.discard(loop_id)
+            self._finishing.discard(loop_id)
 
     async def _drive_item(self, msg: Msg, loop_id: str) -> None:
         leases = self._leases
@@ -255,6 +280,7 @@ class ModelStepService:
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     await msg.ack()
+                    await self._drop_signals(loop_id)
                     await self._look_again(loop_id)
                 except LeaseLost:
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)

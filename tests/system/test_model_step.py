@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared import events as ev
+from shared.bus import get_msg
 from shared.client import LoopClient
 from shared.content import AIMessage, ToolResultMessage, ToolUseBlock, text_of, tool_uses
 from shared.protocol import ClosedError, NotFoundError
@@ -324,3 +325,40 @@ async def test_sigkill_model_step_replicas_at_random_points(settings: Settings, 
             for k, s in enumerate(step_events[:-1]):
                 assert text_of(s.messages[1]) == str(k + 1)
             assert types(events)[-2:] == ["TurnDone", "LoopIdle"]
+
+
+async def test_a_signal_that_came_during_a_drive_is_removed_after_it_not_driven_again(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    # The first answer takes 1.5 s; the second input arrives meanwhile, so its work signal reaches
+    # the replica while it drives the loop and is nak'd. The drive handles that input itself, then
+    # deletes the signal: it is never delivered again for a drive that would find nothing to do.
+    model = write_script(tmp_path, {"responses": [[{"sleep": 1.5}, {"kind": "text", "text": "one"}], "two"]})
+    names = settings.names
+    with system(settings, tools=("calculator",)):
+        deliveries: dict[int, list[bytes]] = {}  # signal stream sequence -> the replica's acks of it
+
+        async def on_ack(m: Msg) -> None:
+            tokens = m.subject.split(".")  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+            deliveries.setdefault(int(tokens[5]), []).append(bytes(m.data[:4]))
+
+        await nc.subscribe(f"$JS.ACK.{names.work_stream}.>", cb=on_ack)
+        lc = LoopClient(nc, names)
+        loop_id = str(uuid.uuid4())
+        await lc.start(loop_id, model=model)
+        await lc.input(loop_id, "first")
+        await wait_history(nc, settings, loop_id, lambda h: h.open_turn is not None, timeout=10)
+        await anyio.sleep(0.3)
+        await lc.input(loop_id, "second")
+        h = await wait_history(nc, settings, loop_id, lambda h: h.idle and not h.pending_inputs, timeout=15)
+        assert h.turns >= 1 and "two" in [text_of(m) for m in h.messages if isinstance(m, AIMessage)]
+        await anyio.sleep(2.5)  # past the nak's delay: a signal left in place would be delivered again
+
+        # Drives: the one of the start signal (no input yet) and the one of the first input, which
+        # took in the second input too. The second input's signal only ever got naks: removed, not
+        # delivered again after the drive for a third drive that finds nothing to do.
+        driven = [seq for seq, acks in deliveries.items() if b"" in acks]
+        only_nakked = [seq for seq, acks in deliveries.items() if set(acks) == {b"-NAK"}]
+        assert len(driven) == 2 and only_nakked, deliveries
+        assert max(only_nakked) > max(driven), deliveries
+        assert await get_msg(nc, names.work_stream, last_by_subj=names.work(loop_id)) is None
