@@ -90,9 +90,9 @@ class ModelStepService:
         # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
         self._busy: set[str] = set()
         # Per loop driven here: the stream sequence of the latest work signal that came in meanwhile
-        # (deleted after the drive's look again instead of coming back for a drive of its own).
+        # (deleted after the drive's last look instead of coming back for a drive of its own).
         self._signalled: dict[str, int] = {}
-        self._finishing: set[str] = set()  # loops whose drive here is past that removal
+        self._finishing: set[str] = set()  # loops whose drive here has begun its last look
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
@@ -226,12 +226,12 @@ class ModelStepService:
                     return
             await anyio.sleep(0.5)
 
-    async def _drop_signals(self, loop_id: str) -> None:
-        """Delete the signals that came in during the drive (before the look again, which sees the
-        work of every one of them: each was published after its commit). An optimisation: a signal
-        left in place is delivered again and costs one drive that finds nothing to do."""
-        self._finishing.add(loop_id)
-        seq = self._signalled.pop(loop_id, 0)
+    async def _drop_signals(self, loop_id: str, seq: int) -> None:
+        """Delete the loop's signals up to ``seq``, which came in during the drive, after the look
+        again: each was published after its commit and before that look, which saw their work (and
+        queued a new signal if there was any). Deleting them before the look would strand the loop
+        if the drive stopped in between. An optimisation: a signal left in place is delivered again
+        and costs one drive that finds nothing to do."""
         if seq and self._nc is not None:
             try:
                 await purge_work(self._nc, self.names, loop_id, through_seq=seq)
@@ -241,11 +241,11 @@ class ModelStepService:
     async def _handle_item(self, msg: Msg) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
         if loop_id in self._busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
-            if loop_id in self._finishing:  # past its last look: this signal must come back soon
+            if loop_id in self._finishing:  # its last look may have begun: this signal must come back soon
                 await msg.nak(delay=BUSY_NAK_SECONDS)
                 return
-            # The drive looks at the history again when it ends and removes this signal first; it comes
-            # back only if this replica dies before, after the ack wait like the drive's own item.
+            # The drive looks at the history again when it ends and then removes this signal; it comes
+            # back if the drive stops before, after the ack wait like the drive's own item.
             with contextlib.suppress(Exception):
                 seq = msg.metadata.sequence.stream
                 self._signalled[loop_id] = max(seq, self._signalled.get(loop_id, 0))
@@ -280,8 +280,11 @@ class ModelStepService:
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     await msg.ack()
-                    await self._drop_signals(loop_id)
+                    # The signals noted so far were published before this look: it sees their work.
+                    self._finishing.add(loop_id)
+                    noted = self._signalled.pop(loop_id, 0)
                     await self._look_again(loop_id)
+                    await self._drop_signals(loop_id, noted)
                 except LeaseLost:
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)
                 tg.cancel_scope.cancel()
