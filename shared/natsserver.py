@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from shared.errors import NatsServerError as NatsServerError
 from shared.procs import die_with_parent
@@ -39,8 +40,34 @@ def server_binary() -> str:
     return found
 
 
+# Ports below the kernel's ephemeral range: an outgoing connection takes its source port from that
+# range, and one that took a stopped server's port would keep the server from starting again there.
+_LOWEST_PORT: Final = 10_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback port free now, below the ephemeral range, not handed out before by this process."""
+    low = _ephemeral_low()
+    for _ in range(500 if low > _LOWEST_PORT + 1000 else 0):
+        port = random.randrange(_LOWEST_PORT, low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the range: any port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
