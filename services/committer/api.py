@@ -313,11 +313,13 @@ class LoopApi:
         if h.config is not None:
             first = h.config.cause.command_id if h.config.cause is not None else ""
             if first == command_id:
-                return Outcome(seq=h.commands.get(command_id, 0), signal_work=True)
+                return Outcome(seq=h.commands.get(command_id, 0))
             raise WireError(ErrorKind.CONFLICT, "the loop was already started by another command", last_seq=h.last_seq)
         if h.last_seq:
             raise WireError(ErrorKind.CONFLICT, "the loop has history but no LoopStarted", last_seq=h.last_seq)
-        return Outcome(events=[started], signal_work=True)
+        # No work signal: a started loop has nothing to do until its first input, which signals
+        # (steps.next_action); a signal here only cost a drive that found nothing.
+        return Outcome(events=[started])
 
     def _require_loop(self, h: LoopHistory) -> None:
         if h.config is None:

@@ -92,6 +92,9 @@ async def test_start_is_idempotent_by_command_id(committer: Settings, nc: NATS, 
     assert started.model == committer.model and started.system == "be brief" and started.tools == ["calc"]
     assert started.policy == {"calc": "ask"} and started.limits.max_iterations == 3
     assert started.cause == Cause(command_id=res.command_id)
+    # A loop without input has no work: nothing is signalled until its first input.
+    assert await work_pending(nc, committer, res.loop_id) == 0
+    await api.input(res.loop_id, "hello")
     assert await work_pending(nc, committer, res.loop_id) == 1
 
 
