@@ -42,8 +42,10 @@ class FrameClock:
         self._seen = False  # a frame was registered since the clock last looked
         self._wake: anyio.Event | None = None
 
-    def watch(self, frames: TokenFrames, due: float) -> None:
-        self._due[frames] = due
+    def watch(self, frames: TokenFrames) -> None:
+        """``frames`` just opened a frame: end it a window from now unless it ends sooner."""
+        # (time.monotonic is the clock asyncio's loop.time() reads, without anyio's backend lookup)
+        self._due[frames] = time.monotonic() + self.window
         self._seen = True
         if self._wake is not None:
             self._wake.set()
@@ -90,8 +92,7 @@ class TokenFrames:
         if not self._open:
             self._open = True
             self._kind, self._index, self._id, self._name = kind, index, id, name
-            # (time.monotonic is the clock asyncio's loop.time() reads, without anyio's backend lookup)
-            self._clock.watch(self, time.monotonic() + self._clock.window)
+            self._clock.watch(self)
         self._parts.append(text)
 
     async def flush(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
@@ -74,6 +75,16 @@ async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
             await anyio.sleep(0.5)
 
 
+@dataclass(slots=True)
+class _Handling:
+    """A loop this process handles right now (drive, ack, last look)."""
+
+    # The stream sequence of the latest work signal that came in meanwhile: deleted after the
+    # drive's last look instead of coming back for a drive of its own.
+    noted: int = 0
+    finishing: bool = False  # the last look may have begun: a signal now must come back soon
+
+
 class ModelStepService:
     """One model-step replica: pulls work items, leases their loops and drives them."""
 
@@ -88,11 +99,7 @@ class ModelStepService:
         self._slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
         self._tick = work_ack_wait(settings) / 4
         # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
-        self._busy: set[str] = set()
-        # Per loop driven here: the stream sequence of the latest work signal that came in meanwhile
-        # (deleted after the drive's last look instead of coming back for a drive of its own).
-        self._signalled: dict[str, int] = {}
-        self._finishing: set[str] = set()  # loops whose drive here has begun its last look
+        self._busy: dict[str, _Handling] = {}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
@@ -240,31 +247,30 @@ class ModelStepService:
 
     async def _handle_item(self, msg: Msg) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
-        if loop_id in self._busy:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
-            if loop_id in self._finishing:  # its last look may have begun: this signal must come back soon
+        handling = self._busy.get(loop_id)
+        if handling is not None:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
+            if handling.finishing:
                 await msg.nak(delay=BUSY_NAK_SECONDS)
                 return
             # The drive looks at the history again when it ends and then removes this signal; it comes
             # back if the drive stops before, after the ack wait like the drive's own item.
             with contextlib.suppress(Exception):
-                seq = msg.metadata.sequence.stream
-                self._signalled[loop_id] = max(seq, self._signalled.get(loop_id, 0))
+                handling.noted = max(handling.noted, msg.metadata.sequence.stream)
             await msg.nak(delay=work_ack_wait(self.settings))
             return
-        self._busy.add(loop_id)
+        handling = self._busy[loop_id] = _Handling()
         if metrics.ENABLED:
             with contextlib.suppress(Exception):  # a pull reply's metadata says how many wait behind it
                 metrics.gauge_set(metrics.WORK_PENDING, msg.metadata.num_pending)
         metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
             with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
-                await self._drive_item(msg, loop_id)
+                await self._drive_item(msg, loop_id, handling)
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
-            self._busy.discard(loop_id)
-            self._finishing.discard(loop_id)
+            del self._busy[loop_id]
 
-    async def _drive_item(self, msg: Msg, loop_id: str) -> None:
+    async def _drive_item(self, msg: Msg, loop_id: str, handling: _Handling) -> None:
         leases = self._leases
         assert leases is not None
         lease = await leases.acquire(loop_id)
@@ -281,8 +287,8 @@ class ModelStepService:
                     lease.check()
                     await msg.ack()
                     # The signals noted so far were published before this look: it sees their work.
-                    self._finishing.add(loop_id)
-                    noted = self._signalled.pop(loop_id, 0)
+                    handling.finishing = True
+                    noted = handling.noted
                     await self._look_again(loop_id)
                     await self._drop_signals(loop_id, noted)
                 except LeaseLost:
