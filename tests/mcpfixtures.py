@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -46,12 +45,6 @@ def everything_command() -> list[str]:
     node = shutil.which("node")
     assert node is not None
     return [node, str(entry), "stdio"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_everything_http(port: int) -> subprocess.Popen[str]:

@@ -28,8 +28,9 @@ from services.tools.worker import Worker
 from shared import shaping
 from shared.content import ImageBlock, TextBlock, text_of
 from shared.events import RawToolUse
+from shared.natsserver import free_port
 from shared.settings import Settings
-from tests.mcpfixtures import everything_command, free_port, probe_command, start_everything_http, time_command
+from tests.mcpfixtures import everything_command, probe_command, start_everything_http, time_command
 
 pytestmark = pytest.mark.anyio
 

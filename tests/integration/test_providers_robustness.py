@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
@@ -21,6 +20,7 @@ from services.model_step.models.base import (
 from services.model_step.models.config import ProviderConfig
 from services.model_step.models.openai_compat import OpenAICompatModel
 from shared.content import text_of, user_text
+from shared.natsserver import free_port
 from tests.fakeproviders import FakeProvider, Reply, anthropic_stream, collect, error_reply, load_frames, openai_stream
 
 KEY = "sk-robust-TEST-KEY-do-not-leak-42"
@@ -105,9 +105,7 @@ async def test_retry_after_beyond_the_limit_gives_up_at_once(fake: FakeProvider)
 @pytest.mark.anyio
 @pytest.mark.parametrize("api", APIS)
 async def test_connection_refused_is_retried_then_unavailable(api: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(ModelUnavailableError, match=r"could not reach .* after 3 attempts") as info:
         await collect(make(api, f"http://127.0.0.1:{port}", max_attempts=3), REQ)
     assert info.value.status == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import os
 import re
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from services.tools.protocol import CallIds, ResultBody
 from services.tools.sdk import ToolContext, invoke
 from services.tools.spec import KIND_USER_INPUT
 from shared.content import TextBlock
+from shared.natsserver import free_port
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -243,9 +243,7 @@ async def test_http_get_refuses_redirect_to_other_host(http_server: int) -> None
 
 
 async def test_http_get_connection_refused() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     r = await run("http_get", {"url": f"http://127.0.0.1:{port}/"}, hctx("127.0.0.1"))
     assert r.is_error and text(r).startswith("error: request failed")
 
