@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
+import anyio
 from nats.aio.client import Client as NATS
 
 from shared import telemetry
@@ -66,6 +67,8 @@ log = logging.getLogger("loopwire.committer.api")
 # Namespace of the event ids derived from (loop, verb, command, index).
 _EVENT_NS: Final = uuid.UUID("8f7d2c56-93b4-4c1e-9a1f-6b0d3e5a7c21")
 CACHE_LOOPS: Final = 1024
+# How often work that could not be queued after a command is tried again.
+REQUEUE_SECONDS: Final = 1.0
 
 
 @dataclass(slots=True)
@@ -125,6 +128,7 @@ class LoopApi:
         self._appender = appender
         self._cache = _HistoryCache(CACHE_LOOPS)
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._unqueued: set[str] = set()  # loops with stored records whose work signal failed
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one loop-API request (never raises for bad input)."""
@@ -185,7 +189,7 @@ class LoopApi:
         async with self._loop_lock(loop_id):
             seq, signal = await self._read_modify_write(loop_id, verb, command_id, decide)
         if signal:
-            await self._signal_work(loop_id)
+            await self._signal_work(loop_id, seq)
         return ApiReply(ok=True, seq=seq, loop_id=loop_id if isinstance(req, StartRequest) else None)
 
     # --- read-modify-write ----------------------------------------------------------------------
@@ -253,19 +257,44 @@ class LoopApi:
         except Exception as e:
             log.warning("loop %s: could not notify its driver (%s)", loop_id, e)
 
-    async def _signal_work(self, loop_id: str) -> None:
+    async def _signal_work(self, loop_id: str, seq: int) -> None:
+        """Queue the loop's work after a command stored (or repeated) records that need a drive.
+
+        A command is acknowledged only once its work is queued: stored records with no work item
+        would wait for the loop's next command. If the work stream stays unavailable for
+        ``LW_COMMIT_RETRY_SECONDS`` the caller gets ``unavailable`` and should repeat the request,
+        which stores nothing again and queues the work; meanwhile :meth:`requeue` keeps trying.
+        """
         try:
-            # The work signal carries the request's trace.
             await signal_work(
                 self._nc,
                 self._names,
                 loop_id,
                 within=self._settings.commit_retry_seconds,
-                headers=telemetry.inject({}),
+                headers=telemetry.inject({}),  # the work signal carries the request's trace
             )
         except (JetStreamError, JetStreamUnavailableError) as e:
-            # The command is committed; the next command or a model-step rescan picks the loop up.
-            log.error("could not signal work for loop %s: %s", loop_id, e)
+            log.warning("loop %s: stored through seq %d, but its work could not be queued: %s", loop_id, seq, e)
+            self._unqueued.add(loop_id)
+            raise WireError(
+                ErrorKind.UNAVAILABLE,
+                f"the command is stored (seq {seq}) but its work could not be queued ({e}); "
+                "repeat the same request to queue it",
+            ) from None
+        self._unqueued.discard(loop_id)
+
+    async def requeue(self) -> None:
+        """Until cancelled: queue the work of loops whose command could not queue it (see
+        :meth:`_signal_work`), so they resume even if their caller never repeats the command."""
+        while True:
+            await anyio.sleep(REQUEUE_SECONDS)
+            for loop_id in list(self._unqueued):
+                try:
+                    await signal_work(self._nc, self._names, loop_id, within=0)
+                except (JetStreamError, JetStreamUnavailableError):
+                    break  # still unavailable: try again later
+                self._unqueued.discard(loop_id)
+                log.info("loop %s: its work is queued now", loop_id)
 
     # --- building events ------------------------------------------------------------------------
 

@@ -114,5 +114,5 @@ async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str
             seqs = await api._appender.append(loop_id, last, payloads[a:b], ids[a:b])
             last = seqs[-1]
         api._cache.drop(loop_id)
-    await api._signal_work(loop_id)
+    await api._signal_work(loop_id, last)
     return ApiReply(ok=True, seq=last, loop_id=loop_id)

@@ -102,9 +102,11 @@ class CommitterService:
             ]
             await nc.flush()
             log.info("committer serving %s and %s (replicas=%d)", names.commit_all, names.api_all, settings.replicas)
-            task_status.started()
             try:
-                await anyio.sleep_forever()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(api.requeue)
+                    task_status.started()
+                    await anyio.sleep_forever()
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._drain(subs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import anyio
@@ -9,6 +10,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
+from shared.bus import ensure_work_stream
 from shared.client import CommitClient, LoopClient
 from shared.content import user_text
 from shared.events import (
@@ -26,7 +28,7 @@ from shared.events import (
     make,
 )
 from shared.history import LoopHistory, load, replay
-from shared.protocol import ApiReply, ClosedError, ConflictError, InvalidRequestError, NotFoundError
+from shared.protocol import ApiReply, ClosedError, ConflictError, InvalidRequestError, NotFoundError, UnavailableError
 from shared.settings import Settings
 from tests.integration.committer_fixtures import new_id, running_committer
 
@@ -56,6 +58,31 @@ async def events(nc: NATS, settings: Settings, loop_id: str) -> list[object]:
 async def work_pending(nc: NATS, settings: Settings, loop_id: str) -> int:
     info = await nc.jetstream().stream_info(settings.names.work_stream, subjects_filter=settings.names.work(loop_id))
     return int((info.state.subjects or {}).get(settings.names.work(loop_id), 0))
+
+
+async def test_a_command_whose_work_cannot_be_queued_is_not_acknowledged_and_its_work_is_queued_later(
+    nc: NATS, settings: Settings
+) -> None:
+    """Stored records without a work item would wait for the loop's next command: the command is
+    answered ``unavailable`` (a repeat stores nothing again) and the committer queues the work itself
+    once the work stream is back."""
+    s = dataclasses.replace(settings, commit_retry_seconds=0.5)
+    api = LoopClient(nc, s.names, T)
+    async with running_committer(s):
+        res = await api.start()
+        await nc.jetstream().delete_stream(s.names.work_stream)  # no stream: every signal fails
+        cid = new_id()
+        with pytest.raises(UnavailableError, match="stored"):
+            await api.input(res.loop_id, "hello", command_id=cid)
+        stored = await events(nc, s, res.loop_id)
+        assert [type(e) for e in stored] == [LoopStarted, InputSubmitted]
+        await ensure_work_stream(nc.jetstream(), s)
+        with anyio.fail_after(10):  # no repeat needed: the committer tries again by itself
+            while await work_pending(nc, s, res.loop_id) == 0:
+                await anyio.sleep(0.1)
+        again = await api.input(res.loop_id, "hello", command_id=cid)
+        assert again.seq == (await history(nc, s, res.loop_id)).last_seq
+        assert await events(nc, s, res.loop_id) == stored  # the repeat wrote nothing
 
 
 async def open_turn_with_gates(
