@@ -277,6 +277,7 @@ class ModelStepService:
         if lease is None:
             await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
+        acked = False
         try:
             async with anyio.create_task_group() as tg:
                 lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
@@ -286,14 +287,21 @@ class ModelStepService:
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     await msg.ack()
+                    acked = True
+                except LeaseLost:
+                    log.info("loop %s: stopped driving (lease no longer held)", loop_id)
+                tg.cancel_scope.cancel()
+            if acked:
+                # With the item acked, the last look is all that backs work that came in during the
+                # drive. It only reads and signals, so neither a lost lease (a JetStream outage can
+                # lapse it while the look's signal is still being retried) nor a stopping service may
+                # cut it short.
+                with anyio.CancelScope(shield=True):
                     # The signals noted so far were published before this look: it sees their work.
                     handling.finishing = True
                     noted = handling.noted
                     await self._look_again(loop_id)
                     await self._drop_signals(loop_id, noted)
-                except LeaseLost:
-                    log.info("loop %s: stopped driving (lease no longer held)", loop_id)
-                tg.cancel_scope.cancel()
         finally:
             leases.forget(lease)
             with anyio.CancelScope(shield=True):

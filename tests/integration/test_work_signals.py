@@ -1,13 +1,22 @@
-"""Work signals: a purge removes only the signals up to the sequence it names."""
+"""Work signals: a purge removes only the signals up to the sequence it names, and a drive's last
+look (what backs work that came in during the drive) runs to its end."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.model_step.service import ModelStepService
 from shared.bus import ensure_all, get_msg, purge_work, signal_work
+from shared.client import LoopClient
+from shared.content import AIMessage, text_of
 from shared.events import new_id
 from shared.settings import Settings
+from tests.integration.committer_fixtures import running_committer
+from tests.syshelpers import wait_history, write_script
 
 pytestmark = pytest.mark.anyio
 
@@ -37,3 +46,39 @@ async def test_a_purge_keeps_a_signal_published_after_the_sequence_it_names(sett
     assert await purge_work(nc, settings.names, a, through_seq=later) == 1
     assert await _pending(nc, settings, a) == 0
     assert await _pending(nc, settings, b) > 0  # another loop's signal is untouched
+
+
+async def test_a_drive_s_last_look_runs_to_its_end_when_the_lease_is_lost_meanwhile(
+    settings: Settings, nc: NATS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once the drive acked its item, its last look is all that backs work that came in during the
+    # drive. A JetStream outage can lapse the lease just then (the look's signal is still being
+    # retried); that must not cancel the look, or such work would be left with no work item.
+    looks = {"started": 0, "finished": 0}
+    last_look = ModelStepService._look_again
+
+    async def look_after_losing_the_lease(self: ModelStepService, loop_id: str) -> None:
+        looks["started"] += 1
+        if looks["started"] == 1:
+            assert self._leases is not None
+            self._leases.give_up_all("lost while the drive looks again (test)")
+            await anyio.sleep(0.2)  # a checkpoint where a cancellation would land
+        await last_look(self, loop_id)
+        looks["finished"] += 1
+
+    monkeypatch.setattr(ModelStepService, "_look_again", look_after_losing_the_lease)
+    model = write_script(tmp_path, ["one", "two"])
+    async with running_committer(settings), anyio.create_task_group() as tg:
+        await tg.start(ModelStepService(settings).run)
+        lc = LoopClient(nc, settings.names)
+        loop_id = new_id()
+        await lc.start(loop_id, model=model)
+        await lc.input(loop_id, "first")
+        await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 1, timeout=15)
+        with anyio.fail_after(10):
+            while looks["finished"] == 0:
+                await anyio.sleep(0.05)
+        await lc.input(loop_id, "second")  # and the loop goes on as before
+        h = await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 2, timeout=15)
+        assert [text_of(m) for m in h.messages if isinstance(m, AIMessage)] == ["one", "two"]
+        tg.cancel_scope.cancel()
