@@ -24,7 +24,7 @@ from services.model_step.driver import LoopDriver
 from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
-from services.model_step.work import WorkPuller, consumer_config
+from services.model_step.work import LostItems, WorkPuller, consumer_config
 from shared import logfmt, metrics, telemetry
 from shared.bus import connect, ensure_all, is_transient_setup_error, purge_work, signal_work
 from shared.client import CommitClient
@@ -44,6 +44,8 @@ START_RETRY_SECONDS: Final = 30.0
 PULL_WAIT_SECONDS: Final = 1.0
 # Delay before a work item whose loop is driven elsewhere comes back.
 BUSY_NAK_SECONDS: Final = 0.25
+# How often the work consumer's counts are compared with the stream's (see work.LostItems).
+LOST_ITEMS_SECONDS: Final = 5.0
 
 
 def work_ack_wait(settings: Settings) -> float:
@@ -163,6 +165,7 @@ class ModelStepService:
         async with anyio.create_task_group() as tg:
             await tg.start(self._driver.frame_clock.run)
             tg.start_soon(self._take_orphans)
+            tg.start_soon(self._requeue_lost_items)
             while True:
                 await slots.acquire()
                 free = 1
@@ -194,6 +197,19 @@ class ModelStepService:
             return
         if loops:
             log.info("start-up: %d loop(s) of a replica that is gone signalled", len(loops))
+
+    async def _requeue_lost_items(self) -> None:
+        """Signal again the loops whose work items the work consumer lost (see work.LostItems)."""
+        lost_items = LostItems(self._nc, self.names)
+        while True:
+            await anyio.sleep(LOST_ITEMS_SECONDS)
+            try:
+                for loop_id in await lost_items.check():
+                    if loop_id not in self._busy:
+                        await signal_work(self._nc, self.names, loop_id, within=SIGNAL_SECONDS)
+                        log.warning("loop %s: its work item was no longer delivered; signalled again", loop_id)
+            except Exception as e:  # a safety net: the next check tries again
+                log.debug("checking the work consumer for lost items failed (%s)", e)
 
     async def _handle(self, msg: Msg) -> None:
         try:

@@ -1,15 +1,19 @@
-"""Work signals: a purge removes only the signals up to the sequence it names, and a drive's last
-look (what backs work that came in during the drive) runs to its end."""
+"""Work signals: a purge removes only the signals up to the sequence it names, a drive's last look
+(what backs work that came in during the drive) runs to its end, and an item the work consumer lost
+is signalled again."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import anyio
 import pytest
 from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
 
 from services.model_step.service import ModelStepService
+from services.model_step.work import LostItems, WorkPuller, consumer_config
 from shared.bus import ensure_all, get_msg, purge_work, signal_work
 from shared.client import LoopClient
 from shared.content import AIMessage, text_of
@@ -82,3 +86,39 @@ async def test_a_drive_s_last_look_runs_to_its_end_when_the_lease_is_lost_meanwh
         h = await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 2, timeout=15)
         assert [text_of(m) for m in h.messages if isinstance(m, AIMessage)] == ["one", "two"]
         tg.cancel_scope.cancel()
+
+
+async def test_lost_items_are_the_delivered_ones_the_consumer_no_longer_counts(settings: Settings, nc: NATS) -> None:
+    # The state a consumer leader change has left before: the consumer's next sequence is past an
+    # item that is not waiting for an ack either. A work-queue consumer must deliver all, so the state
+    # is made on a limits stream of the same names: an item published before a DeliverPolicy.NEW
+    # consumer exists is behind it.
+    names = settings.names
+    js = nc.jetstream()
+    await js.add_stream(name=names.work_stream, subjects=[names.work_all])
+    a, b = new_id(), new_id()
+    await js.publish(names.work(a), b"")
+    await js.add_consumer(
+        names.work_stream,
+        dataclasses.replace(consumer_config(names, 1.0), deliver_policy=DeliverPolicy.NEW),
+    )
+    await js.publish(names.work(b), b"")  # waits for its first delivery: not lost
+    lost = LostItems(nc, names)
+    assert await lost.check() == []  # one observation is not enough (the counts are read apart)
+    assert await lost.check() == [a]
+
+
+async def test_a_healthy_work_queue_has_no_lost_items(settings: Settings, nc: NATS) -> None:
+    await ensure_all(nc.jetstream(timeout=10), settings)
+    names = settings.names
+    await nc.jetstream().add_consumer(names.work_stream, consumer_config(names, 30.0))
+    for _ in range(3):
+        await signal_work(nc, names, new_id(), within=2)
+    puller = WorkPuller(nc, names)
+    await puller.start()
+    [held] = await puller.pull(1, wait=2)  # delivered, waiting for its ack
+    lost = LostItems(nc, names)
+    for _ in range(3):
+        assert await lost.check() == []
+    await held.nak()
+    await puller.close()
