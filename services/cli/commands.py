@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -402,6 +403,7 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
                     await sub.unsubscribe()
 
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_interrupt, tg.cancel_scope)
             tg.start_soon(follow_one if loop_id else follow_all)
             await nc.flush(timeout=5)  # the live subscription is in place before we say so
             what = f"loop {loop_id}" if loop_id else "every loop"
@@ -417,6 +419,16 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
                 when = clock_of(e.created_at) or " " * 12
                 out(f"{mark} {when} {where}{type(e).__name__:<18} {describe(e)}")
     return 0
+
+
+async def _cancel_on_interrupt(scope: anyio.CancelScope) -> None:
+    """Ctrl-C (or SIGTERM) ends ``scope``. asyncio's own Ctrl-C handling cancels the main task
+    once, and a library's ``wait_for`` racing that cancellation can lose it (the command then
+    never stops); an anyio scope's cancellation is delivered again until it is honoured."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
