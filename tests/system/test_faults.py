@@ -170,8 +170,17 @@ async def stop_tool(ctx: Ctx) -> None:
 
 
 async def kill_stream_leader(ctx: Ctx) -> None:
+    await kill_leader_of(ctx, ctx.load.names.history_stream)
+
+
+async def kill_work_leader(ctx: Ctx) -> None:
+    """Work signals, pulls, acks and naks fail until the work stream has a leader again, while the
+    history stream may keep its own: commands and commits go on meanwhile (see ENV)."""
+    await kill_leader_of(ctx, ctx.load.names.work_stream)
+
+
+async def kill_leader_of(ctx: Ctx, stream: str) -> None:
     await ctx.load.wait_progress(0.3)
-    stream = ctx.load.names.history_stream
     node = await stream_leader(ctx.cluster, stream)
     node.kill()
     ctx.note(f"SIGKILL nats-server {node.name} (leader of {stream}) at {ctx.load.steps_committed} steps")
@@ -202,10 +211,18 @@ SCENARIOS: dict[str, Fault] = {
     "sigkill-tool-mid-call": kill_tool_mid_call,
     "sigstop-tool": stop_tool,
     "sigkill-stream-leader": kill_stream_leader,
+    "sigkill-work-leader": kill_work_leader,
     "rolling-restart": rolling_restart,
 }
 # Tool-result texts each scenario may produce instead of a tool's answer (see faultkit).
-ACCEPTED: dict[str, tuple[str, ...]] = {"sigkill-stream-leader": NODE_LOSS_RESULT_PREFIXES}
+ACCEPTED: dict[str, tuple[str, ...]] = {
+    "sigkill-stream-leader": NODE_LOSS_RESULT_PREFIXES,
+    "sigkill-work-leader": NODE_LOSS_RESULT_PREFIXES,
+}
+# Service settings of a scenario. The committer's JetStream retries end before the work stream's
+# election does (as on a slow machine, where the history stream's leader was back first), so
+# commands are stored while their work signals fail.
+ENV: dict[str, dict[str, str]] = {"sigkill-work-leader": {"LW_COMMIT_RETRY_SECONDS": "1.5"}}
 # Longer sleep calls where the fault must find many calls in flight on both replicas, or must span the
 # load (the rolling restart of 8 processes).
 SLEEP: dict[str, float] = {"sigkill-tool-mid-call": 1.5, "sigstop-tool": 1.0, "rolling-restart": 1.0}
@@ -303,7 +320,7 @@ async def test_fault_scenario(
     n = LONG_LOOPS if long_run else CI_LOOPS
     logs = log_dir(name)
     try:
-        with fleet(r3, cluster, log_dir=logs) as f:
+        with fleet(r3, cluster, log_dir=logs, env=ENV.get(name)) as f:
             report = await run_scenario(
                 name, SCENARIOS[name], f, cluster, cnc, r3, tmp_path, n, timeout=600 if long_run else 150
             )
