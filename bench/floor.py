@@ -92,6 +92,14 @@ async def _serve(kind: str, url: str, replicas: int) -> None:
                 break
             except Exception:
                 await asyncio.sleep(0.5)
+        # A new R3 stream may still be electing its leader: READY only once it takes a publish, so
+        # the driver's first commits do not wait out the election (and their timeout).
+        for _ in range(60):
+            try:
+                await js.publish(f"{HIST}.ready", b"", timeout=2.0)
+                break
+            except Exception:
+                await asyncio.sleep(0.5)
 
         async def commit(msg: Msg) -> None:
             h = msg.headers or {}

@@ -33,7 +33,7 @@ def _sizes(quick: bool) -> dict[str, int]:
     # The floor's 64-loop run is fast (about a second of CPU): 100 steps a loop, quick or not, give
     # /proc's 10 ms CPU ticks enough to count for a per-step figure.
     if quick:
-        return {"floor_seq": 300, "floor_loop_steps": 100, "step": 200, "tp_steps": 10, "replay_max": 10_000}
+        return {"floor_seq": 300, "floor_loop_steps": 100, "step": 200, "tp_steps": 20, "replay_max": 10_000}
     return {"floor_seq": 1000, "floor_loop_steps": 100, "step": 500, "tp_steps": 20, "replay_max": 10_000}
 
 

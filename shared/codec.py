@@ -40,9 +40,11 @@ __all__ = [
     "UnsupportedSchemaError",
     "decode_event",
     "decode_live",
+    "decode_live_frame",
     "decode_live_strict",
     "encode_event",
     "encode_live",
+    "encode_live_frame",
 ]
 
 DEFAULT_MAX_RECORD_BYTES: Final = 1024 * 1024  # NATS' default max_payload
@@ -231,5 +233,22 @@ def decode_live(data: bytes) -> Event:
     """Decode a live event; shape errors raise :class:`MalformedRecordError` (live events may be dropped)."""
     try:
         return _live_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise MalformedRecordError(str(e)) from None
+
+
+# A live frame (``<prefix>.live.<loop_id>``): a JSON array of one or more events of one loop, oldest first.
+_frame_decoder: msgspec.json.Decoder[list[AnyEvent]] = msgspec.json.Decoder(list[AnyEvent])
+
+
+def encode_live_frame(encoded: list[bytes]) -> bytes:
+    """One live frame of events already encoded with :func:`encode_live`, in order."""
+    return b"[" + b",".join(encoded) + b"]"
+
+
+def decode_live_frame(data: bytes) -> list[Event]:
+    """The events of a live frame; shape errors raise :class:`MalformedRecordError` (a frame may be dropped)."""
+    try:
+        return list(_frame_decoder.decode(data))
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise MalformedRecordError(str(e)) from None

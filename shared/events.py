@@ -3,7 +3,8 @@
 Events are msgspec Structs tagged by ``"type"`` (the class name). The header fields are flattened
 into every event (``loop_id``, ``turn_id``, ...), exactly as they appear on the wire.
 
-* Ephemeral events travel on core subjects (``lw.live.<loop_id>.<Type>``) and may be dropped.
+* Ephemeral events travel on core subjects, in frames of a loop's events (``lw.live.<loop_id>``), and
+  may be dropped.
 * Enduring events go only through the committer into JetStream and are never lost.
 
 The classification lives in :data:`CLASSIFICATION` and nowhere else.

@@ -118,15 +118,13 @@ class Names:
         return f"{self.prefix}.ctl.{loop_id}"
 
     # --- live ephemeral events
-    def live(self, loop_id: str, event_type: str) -> str:
-        return f"{self.prefix}.live.{loop_id}.{event_type}"
-
-    def live_loop(self, loop_id: str) -> str:
-        return f"{self.prefix}.live.{loop_id}.*"
+    def live(self, loop_id: str) -> str:
+        """A loop's live frames: each a JSON array of its ephemeral events (``shared.codec.decode_live_frame``)."""
+        return f"{self.prefix}.live.{loop_id}"
 
     @property
     def live_all(self) -> str:
-        return f"{self.prefix}.live.>"
+        return f"{self.prefix}.live.*"
 
     # --- committer
     def commit(self, loop_id: str) -> str:

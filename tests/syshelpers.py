@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared import events as ev
-from shared.codec import decode_live
+from shared.codec import decode_live_frame
 from shared.events import Event
 from shared.history import LoopHistory, load, replay
 from shared.procs import ServiceProcess, Supervisor
@@ -135,9 +135,9 @@ async def collect_live(nc: NATS, settings: Settings, loop_id: str) -> list[Event
     got: list[Event] = []
 
     async def cb(m: Msg) -> None:
-        got.append(decode_live(m.data))
+        got.extend(decode_live_frame(m.data))
 
-    await nc.subscribe(settings.names.live_loop(loop_id), cb=cb)
+    await nc.subscribe(settings.names.live(loop_id), cb=cb)
     return got
 
 

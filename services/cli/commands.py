@@ -32,7 +32,7 @@ from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
 from shared.client import LoopClient
-from shared.codec import decode_event, decode_live
+from shared.codec import decode_event, decode_live_frame
 from shared.errors import LoopwireError
 from shared.events import (
     Event,
@@ -371,10 +371,11 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
     async def on_live(msg: Msg) -> None:
         with contextlib.suppress(LoopwireError, anyio.WouldBlock):
-            send.send_nowait((None, decode_live(msg.data)))
+            for e in decode_live_frame(msg.data):
+                send.send_nowait((None, e))
 
     async with session(settings) as nc:
-        await nc.subscribe(names.live_loop(loop_id) if loop_id else names.live_all, cb=on_live)
+        await nc.subscribe(names.live(loop_id) if loop_id else names.live_all, cb=on_live)
 
         async def follow_one() -> None:
             start = args.from_seq if args.from_seq is not None else 1

@@ -13,7 +13,7 @@ import operator
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -61,12 +61,15 @@ def _union(classes: Iterable[type[Event]]) -> Any:
 
 ENDURING_UNION: Final = _union(c for c in CLASSIFICATION if c.__name__ in ENDURING_TYPES)
 EPHEMERAL_UNION: Final = _union(c for c in CLASSIFICATION if c.__name__ in EPHEMERAL_TYPES)
+LIVE_FRAME: Final = Annotated[list[EPHEMERAL_UNION], msgspec.Meta(min_length=1)]  # type: ignore[valid-type]
 ANY_UNION: Final = _union(CLASSIFICATION)
 
 DESCRIPTIONS: Final[dict[str, str]] = {
     "EnduringEvent": "Any enduring event as stored in the history stream: the durable envelope "
     '(the event\'s fields plus "type" and "v": 1).',
-    "EphemeralEvent": "Any ephemeral event as published on {prefix}.live.{loop_id}.{type} (may be dropped).",
+    "EphemeralEvent": "Any ephemeral event, as one element of a live frame (may be dropped).",
+    "LiveFrame": "A message on {prefix}.live.{loop_id}: one or more ephemeral events of the loop, oldest first "
+    "(a frame holds at most ~50 ms of the loop's events, and a step's events go out before the step is committed).",
     "AnyEvent": "Any event of either class.",
     "CommitRequest": "Request on {prefix}.commit.{loop_id}: append events (all or none) after expected_last_seq "
     "(0 for a new loop). Each element of events is one durable envelope.",
@@ -131,6 +134,7 @@ def schema_files() -> dict[str, dict[str, Any]]:
         files[f"events/{name}.json"] = standalone_schema(name, cls)
     files["events/EnduringEvent.json"] = standalone_schema("EnduringEvent", ENDURING_UNION)
     files["events/EphemeralEvent.json"] = standalone_schema("EphemeralEvent", EPHEMERAL_UNION)
+    files["events/LiveFrame.json"] = standalone_schema("LiveFrame", LIVE_FRAME)
     files["events/AnyEvent.json"] = standalone_schema("AnyEvent", ANY_UNION)
     for group, types in (("commit", COMMIT_TYPES), ("api", API_TYPES), ("tools", TOOL_TYPES)):
         for t in types:
@@ -206,7 +210,6 @@ def asyncapi_document() -> dict[str, Any]:
     d = subjects.DEFAULT_NAMES  # stream and bucket names of the default prefix
     event_names = list(EVENT_TYPES)
     enduring = [e for e in event_names if e in ENDURING_TYPES]
-    ephemeral = [e for e in event_names if e in EPHEMERAL_TYPES]
 
     all_types: list[Any] = [*EVENT_TYPES.values(), *COMMIT_TYPES, *API_TYPES, *TOOL_TYPES]
     tops, defs = _components([*all_types, ENDURING_UNION, EPHEMERAL_UNION], "#/components/schemas/{name}")
@@ -298,6 +301,11 @@ def asyncapi_document() -> dict[str, Any]:
 
     for t in (*COMMIT_TYPES, *API_TYPES):
         plain(t.__name__, DESCRIPTIONS[t.__name__], {"$ref": f"#/components/schemas/{t.__name__}"})
+    plain(
+        "LiveFrame",
+        DESCRIPTIONS["LiveFrame"],
+        {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/EphemeralEvent"}},
+    )
     plain("WorkSignal", "Empty JetStream message: the loop has work (at most one pending per loop).", {})
     plain(
         "ToolCall",
@@ -338,15 +346,11 @@ def asyncapi_document() -> dict[str, Any]:
             "messages": {e: _msg_ref(e) for e in enduring},
         },
         "live": {
-            "address": n.live("{loop_id}", "{event_type}"),
+            "address": n.live("{loop_id}"),
             "title": "live events",
-            "description": "Core NATS: ephemeral events while they happen (may be dropped).",
-            "parameters": {
-                "prefix": prefix_p,
-                "loop_id": loop_p,
-                "event_type": {"description": "the event's type name", "enum": ephemeral},
-            },
-            "messages": {e: _msg_ref(e) for e in ephemeral},
+            "description": "Core NATS: a loop's ephemeral events while they happen, in live frames (may be dropped).",
+            "parameters": {"prefix": prefix_p, "loop_id": loop_p},
+            "messages": {"LiveFrame": _msg_ref("LiveFrame")},
         },
         "commit": {
             "address": n.commit("{loop_id}"),
@@ -479,13 +483,13 @@ def asyncapi_document() -> dict[str, Any]:
             "action": "send",
             "channel": _chan("live"),
             "summary": "The model-step publishes token deltas and tool-call progress.",
-            "messages": [_chan_msg("live", e) for e in ephemeral],
+            "messages": [_chan_msg("live", "LiveFrame")],
         },
         "followLive": {
             "action": "receive",
             "channel": _chan("live"),
             "summary": "Consumers watch a loop live.",
-            "messages": [_chan_msg("live", e) for e in ephemeral],
+            "messages": [_chan_msg("live", "LiveFrame")],
         },
         "commit": {
             "action": "receive",

@@ -190,7 +190,7 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
     from services.cli.commands import CliError, print_history, session
     from services.cli.live import LoopView
     from shared.client import LoopClient
-    from shared.codec import decode_live
+    from shared.codec import decode_live_frame
     from shared.errors import LoopwireError
     from shared.events import Event
     from shared.history import replay
@@ -204,10 +204,11 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
 
     async def on_live(msg: Msg) -> None:
         with contextlib.suppress(LoopwireError, anyio.WouldBlock):
-            send.send_nowait((None, decode_live(msg.data)))
+            for e in decode_live_frame(msg.data):
+                send.send_nowait((None, e))
 
     async with session(settings) as nc:
-        await nc.subscribe(names.live_loop(loop_id), cb=on_live)
+        await nc.subscribe(names.live(loop_id), cb=on_live)
         client = LoopClient(nc, names)
         await client.start(loop_id, model=args.model)
         res = await client.input(loop_id, args.prompt)

@@ -62,16 +62,19 @@ async def loop_feed(nc: NATS, names: Names, loop_id: str, after: int) -> AsyncIt
 
     async def on_live(m: Msg) -> None:
         try:
-            doc = msgspec.json.decode(m.data)
+            events = msgspec.json.decode(m.data)  # a live frame: a JSON array of the loop's events
         except msgspec.DecodeError:
             return
-        event, _ = cut_strings(doc)
-        with contextlib.suppress(asyncio.QueueFull):  # live events may be dropped
-            queue.put_nowait(frame("live", event))
+        if not isinstance(events, list):
+            return
+        for doc in events:
+            event, _ = cut_strings(doc)
+            with contextlib.suppress(asyncio.QueueFull):  # live events may be dropped
+                queue.put_nowait(frame("live", event))
 
     subs: list[Any] = []
     try:
-        subs.append(await nc.subscribe(names.live_loop(loop_id), cb=on_live))
+        subs.append(await nc.subscribe(names.live(loop_id), cb=on_live))
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, inactive_threshold=30.0
         )

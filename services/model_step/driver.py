@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Final
 
 import anyio
@@ -27,8 +27,8 @@ from nats.aio.msg import Msg
 
 from services.lifecycle import raise_single
 from services.model_step import forkcalls, tracing
-from services.model_step.frames import FrameClock, TokenFrames
 from services.model_step.lease import Guard
+from services.model_step.live import LiveOutbox
 from services.model_step.models.accumulator import StreamAccumulator
 from services.model_step.models.base import (
     ModelError,
@@ -48,7 +48,7 @@ from shared import shaping, telemetry
 from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
-from shared.codec import decode_live, encode_live
+from shared.codec import decode_live
 from shared.content import AIMessage, Message, ToolResultMessage, clone, clone_messages
 from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
@@ -102,9 +102,13 @@ class LoopDriver:
     _made: dict[str, int] = field(default_factory=dict)
     # Per forked loop being driven: the source's recorded results after the fork point.
     _fork_sources: dict[str, forkcalls.SourceResults] = field(default_factory=dict)
-    # Ends the live token frames no chunk ends; the service runs it for its lifetime (otherwise
-    # each drive runs it for itself).
-    frame_clock: FrameClock = field(default_factory=FrameClock)
+    # Sends the loops' live events in frames. The service shares it with its executor and runs its
+    # clock for its lifetime (otherwise each drive runs the clock for itself).
+    live: InitVar[LiveOutbox | None] = None
+    outbox: LiveOutbox = field(init=False)
+
+    def __post_init__(self, live: LiveOutbox | None) -> None:
+        self.outbox = live if live is not None else LiveOutbox(self.nc, self.settings.names)
 
     @property
     def _max_record(self) -> int:
@@ -121,11 +125,11 @@ class LoopDriver:
             raise RuntimeError(f"loop {loop_id} is already being driven in this process")
         self._guards[loop_id] = guard
         try:
-            if self.frame_clock.running:
+            if self.outbox.running:
                 return await self._drive(loop_id)
             try:
                 async with anyio.create_task_group() as tg:
-                    await tg.start(self.frame_clock.run)
+                    await tg.start(self.outbox.run)
                     try:
                         h = await self._drive(loop_id)
                     finally:
@@ -275,6 +279,7 @@ class LoopDriver:
                     own.update(e.event_id for e in events)  # before sending: the live copy may overtake the reply
                 if guard is not None:
                     guard.check()
+                await self.outbox.flush(h.loop_id)  # a step's live events go out before it is committed
                 try:
                     with tracing.commit(self.settings.names.history_stream, h.loop_id, len(events)) as span:
                         # Every tool_use input here was checked by the sanitiser or decoded from the history.
@@ -380,33 +385,26 @@ class LoopDriver:
             max_tokens=h.config.limits.max_tokens,
         )
         acc = StreamAccumulator()
-        live = self.settings.names.live(h.loop_id, "TokenDelta")
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
         model_name = request.model or h.config.model or self.settings.model
         chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
 
-        async def publish(c: ev.Chunk) -> None:
-            delta = ev.TokenDelta(
+        def delta_of(c: ev.Chunk) -> ev.TokenDelta:
+            return ev.TokenDelta(
                 loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, turn_index=t.turn_index, chunk=c
             )
-            await self.nc.publish(live, encode_live(delta))
 
+        live = self.outbox
         try:
             with chat as chat_span:
-                frames = TokenFrames(publish, self.frame_clock)
-                try:
-                    async for chunk in model.stream(request):
-                        if guard is not None and not guard.held:
-                            guard.check()
-                        if is_delta(chunk.kind):
-                            await frames.add(chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
-                        acc.add(chunk)
-                finally:
-                    # every chunk is seen live before the step that holds it is committed
-                    with anyio.CancelScope(shield=True):
-                        await frames.flush()
+                async for chunk in model.stream(request):
+                    if guard is not None and not guard.held:
+                        guard.check()
+                    if is_delta(chunk.kind):
+                        live.chunk(h.loop_id, delta_of, chunk.kind, chunk.text, chunk.index, chunk.id, chunk.name)
+                    acc.add(chunk)
                 tracing.chat_result(chat_span, model_name, acc)
         except ModelStreamError as e:
             await self._fail_turn(

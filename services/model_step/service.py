@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 
 from services.model_step.driver import LoopDriver
 from services.model_step.lease import LeaseLost, Leases, keep
+from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
 from services.model_step.work import LostItems, WorkPuller, consumer_config
@@ -126,14 +127,16 @@ class ModelStepService:
                     await nc.close()
             raise
         self._nc = nc
+        live = LiveOutbox(nc, names)
         self._driver = LoopDriver(
             nc=nc,
             settings=settings,
             commits=CommitClient(nc, names),
             models=self._model_for,
             tools=registry,
-            execute=make_executor(nc, names, registry, settings),
+            execute=make_executor(nc, names, registry, settings, publish=live.publish),
             results=ResultStore(nc, names),
+            live=live,
         )
         task_status.started()
         try:
@@ -163,7 +166,7 @@ class ModelStepService:
     async def _pull_loop(self, puller: WorkPuller) -> None:
         slots = self._slots
         async with anyio.create_task_group() as tg:
-            await tg.start(self._driver.frame_clock.run)
+            await tg.start(self._driver.outbox.run)
             tg.start_soon(self._take_orphans)
             tg.start_soon(self._requeue_lost_items)
             while True:

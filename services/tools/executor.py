@@ -58,7 +58,7 @@ from services.tools.registry import LiveTool, ToolRegistry
 from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
 from shared import shaping, telemetry
 from shared.backoff import Backoff
-from shared.codec import encode_live
+from shared.codec import encode_live, encode_live_frame
 from shared.content import ToolResultMessage
 from shared.events import (
     Event,
@@ -381,10 +381,13 @@ def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, 
 
 
 def live_publisher(nc: NATS, names: Names) -> Publisher:
-    """Publish events on ``<prefix>.live.<loop_id>.<Type>`` (core, may be dropped)."""
+    """Publish each event as a live frame of its own on ``<prefix>.live.<loop_id>`` (core, may be dropped).
+
+    The model-step gathers a loop's events into fewer frames instead (``services.model_step.live``).
+    """
 
     async def publish(event: Event) -> None:
-        await nc.publish(names.live(event.loop_id, event_type_name(event)), encode_live(event))
+        await nc.publish(names.live(event.loop_id), encode_live_frame([encode_live(event)]))
 
     return publish
 
@@ -442,5 +445,7 @@ class Executor:
         await self.client.close()
 
 
-def make_executor(nc: NATS, names: Names, registry: ToolRegistry, settings: Settings) -> Executor:
-    return Executor(nc, names, registry, settings)
+def make_executor(
+    nc: NATS, names: Names, registry: ToolRegistry, settings: Settings, *, publish: Publisher | None = None
+) -> Executor:
+    return Executor(nc, names, registry, settings, publish=publish)

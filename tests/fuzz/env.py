@@ -42,7 +42,7 @@ from nats.aio.msg import Msg
 from services.tools import protocol as tp
 from shared import strictjson
 from shared.bus import connect, direct_get_batch, get_msg
-from shared.codec import decode_event, decode_live, encode_event
+from shared.codec import decode_event, decode_live, decode_live_frame, encode_event
 from shared.errors import ErrorKind, LoopwireError
 from shared.history import load
 from shared.natsserver import NatsServer
@@ -289,12 +289,13 @@ def _codec_case(data: bytes) -> Result:
         if again != event:
             return Result("crash", "an accepted record changes on a round trip")
         outcome = Result("accepted")
-    try:
-        decode_live(data)
-    except LoopwireError:
-        pass
-    except Exception as e:
-        return Result("crash", f"decode_live raised {e!r}")
+    for decode in (decode_live, decode_live_frame):
+        try:
+            decode(data)
+        except LoopwireError:
+            pass
+        except Exception as e:
+            return Result("crash", f"{decode.__name__} raised {e!r}")
     for verb, cls in REQUEST_TYPES.items():
         try:
             decode_request(data, cls)
@@ -393,11 +394,11 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
 
     async def on_live(m: Msg) -> None:
         with contextlib.suppress(LoopwireError):
-            e = decode_live(m.data)
-            t = type(e).__name__
-            if seen_types[t] < 5:
-                seen_types[t] += 1
-                live.append(json.loads(m.data))
+            for e, doc in zip(decode_live_frame(m.data), json.loads(m.data), strict=True):
+                t = type(e).__name__
+                if seen_types[t] < 5:
+                    seen_types[t] += 1
+                    live.append(doc)
 
     sub = await nc.subscribe(names.live_all, cb=on_live)
     # 1. the fault suite's script (tools, parallel calls, malformed JSON, approved and denied gates), closed

@@ -37,7 +37,7 @@ from shared import events as ev
 from shared import shaping
 from shared.bus import JetStreamError, JetStreamUnavailableError, direct_get_batch
 from shared.client import ApiResult, LoopClient
-from shared.codec import decode_live
+from shared.codec import decode_live_frame
 from shared.content import AIMessage, ToolResultMessage, text_of, tool_uses
 from shared.errors import LoopwireError
 from shared.events import Event
@@ -447,7 +447,8 @@ class Load:
 
     async def _on_live(self, msg: Msg) -> None:
         with contextlib.suppress(LoopwireError):
-            self.live.on_event(decode_live(msg.data))
+            for e in decode_live_frame(msg.data):
+                self.live.on_event(e)
 
     async def run(self, fault: Callable[[Load], Awaitable[None]] | None = None, *, timeout: float = 300.0) -> None:
         """Drive every loop to its end (or ``timeout``) while ``fault`` runs; the fault must finish too."""

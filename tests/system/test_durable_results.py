@@ -30,7 +30,7 @@ from services.model_step.steps import execution_id_for
 from shared import events as ev
 from shared.bus import connect
 from shared.client import LoopClient
-from shared.codec import decode_live
+from shared.codec import decode_live_frame
 from shared.content import ToolResultMessage, text_of
 from shared.natsserver import NatsCluster, NatsServer
 from shared.settings import Settings
@@ -69,10 +69,9 @@ async def tool_events(nc: NATS, settings: Settings, loop_id: str) -> list[ev.Eve
     seen: list[ev.Event] = []
 
     async def on(msg: Any) -> None:
-        seen.append(decode_live(msg.data))
+        seen.extend(e for e in decode_live_frame(msg.data) if isinstance(e, ev.ToolCallStarted | ev.ToolCallCompleted))
 
-    await nc.subscribe(settings.names.live(loop_id, "ToolCallStarted"), cb=on)
-    await nc.subscribe(settings.names.live(loop_id, "ToolCallCompleted"), cb=on)
+    await nc.subscribe(settings.names.live(loop_id), cb=on)
     return seen
 
 

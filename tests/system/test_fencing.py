@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 
 from shared.bus import connect
 from shared.client import LoopClient
+from shared.codec import decode_live_frame
 from shared.natsserver import NatsServer
 from shared.procs import ServiceProcess
 from shared.settings import Settings
@@ -116,9 +117,10 @@ async def live_seen(nc: NATS, settings: Settings, loop_id: str, type_name: str) 
     seen = anyio.Event()
 
     async def on(msg: Any) -> None:
-        seen.set()
+        if any(type(e).__name__ == type_name for e in decode_live_frame(msg.data)):
+            seen.set()
 
-    await nc.subscribe(settings.names.live(loop_id, type_name), cb=on)
+    await nc.subscribe(settings.names.live(loop_id), cb=on)
     return seen
 
 
@@ -131,7 +133,7 @@ async def wait_quiet(nc: NATS, settings: Settings, loop_id: str, quiet: float = 
         last[0] = time.monotonic()
 
     subs = [
-        await nc.subscribe(settings.names.live_loop(loop_id), cb=on),
+        await nc.subscribe(settings.names.live(loop_id), cb=on),
         await nc.subscribe(settings.names.hist(loop_id), cb=on),
     ]
     try:

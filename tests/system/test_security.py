@@ -135,7 +135,7 @@ async def test_permissions_refuse_what_they_should(sc: SecuredCluster) -> None:
             f"lw.hist.{loop}",
             f"lw.commit.{loop}",
             f"lw.api.{loop}.start",
-            f"lw.live.{loop}.TokenDelta",
+            f"lw.live.{loop}",
             "_INBOX_model_step.forged-reply",
             *api_guards,
         ],

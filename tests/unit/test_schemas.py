@@ -131,7 +131,7 @@ def test_asyncapi_lists_every_subject_header_and_error() -> None:
     n = subjects.Names("{prefix}")
     for address in (
         n.hist("{loop_id}"),
-        n.live("{loop_id}", "{event_type}"),
+        n.live("{loop_id}"),
         n.commit("{loop_id}"),
         n.work("{loop_id}"),
         n.tool("{tool_name}"),
