@@ -28,7 +28,7 @@ from shared.bus import (
     connect,
 )
 from shared.client import ApiResult, LoopClient
-from shared.codec import decode_event, encode_event
+from shared.codec import decode_event, decode_live_frame, encode_event
 from shared.content import (
     AIMessage,
     Block,
@@ -211,6 +211,7 @@ __all__ = [
     "ai_text",
     "connect",
     "decode_event",
+    "decode_live_frame",
     "encode_event",
     "fold",
     "load",
