@@ -218,7 +218,9 @@ class Settings:
         shown="0 = off; loopwire up sets it",
     )
     uvloop: bool = setting(
-        "LW_UVLOOP", False, "1 = run services on uvloop when it is installed (pip install loopwire[bench])"
+        "LW_UVLOOP",
+        True,
+        "1 = run services on uvloop where it is installed (a dependency on Linux and macOS); 0 = asyncio's own loop",
     )
     openai_base_url: str = setting(
         "LW_OPENAI_BASE_URL", "https://api.openai.com/v1", "OpenAI-compatible API base URL incl. /v1"

@@ -34,7 +34,7 @@ def test_values_parse_by_declaration() -> None:
             "LW_RESULTS_TTL_SECONDS": "0",
             "LW_HTTP_ALLOW": "example.com",
             "LW_LOG_FORMAT": "JSON",
-            "LW_UVLOOP": "yes",
+            "LW_UVLOOP": "no",
             "LW_ANTHROPIC_THINKING_BUDGET": "4000",
             "LW_OPENAI_API_KEY": "sk-secret",
         }
@@ -47,7 +47,7 @@ def test_values_parse_by_declaration() -> None:
     assert s.results_ttl_seconds == 1.0
     assert s.http_allow == ("example.com",)
     assert s.log_format == "json"
-    assert s.uvloop is True
+    assert s.uvloop is False  # on by default
     assert s.anthropic_thinking_budget == 4000
     assert "sk-secret" not in repr(s)
 
