@@ -53,6 +53,16 @@ def event_id(data: bytes) -> bytes:
     return data[i + 12 : i + 48] if i >= 0 else b""
 
 
+def event_ids(data: bytes) -> set[bytes]:
+    """Every ``event_id`` in a message (e.g. the envelopes of a commit request), without decoding it."""
+    out: set[bytes] = set()
+    i = data.find(b'"event_id":"')
+    while i >= 0:
+        out.add(data[i + 12 : i + 48])
+        i = data.find(b'"event_id":"', i + 48)
+    return out
+
+
 @dataclass
 class LoopTrace:
     """Commit times (perf_counter) of one loop's records, by type."""
@@ -61,6 +71,7 @@ class LoopTrace:
     seen: set[bytes] = field(default_factory=set)  # event ids: a retried publish is delivered again
     turn_started: float = 0.0
     steps: list[float] = field(default_factory=list)
+    step_ids: list[bytes] = field(default_factory=list)  # the event id of each of ``steps``
     idle: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -215,6 +226,7 @@ class Deployment:
         kind = record_type(msg.data)
         if kind == "StepDone":
             trace.steps.append(t)
+            trace.step_ids.append(eid)
         elif kind == "TurnStarted":
             trace.turn_started = t
         elif kind == "LoopIdle":

@@ -22,11 +22,13 @@ import shutil
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import Row, pct, table
+from bench.lw import event_ids
 from bench.peers.proto import Collected, Worker
 from bench.profile import GroupCpu
 from bench.scenarios import RunMeter, _http_ports, _pids
@@ -204,23 +206,40 @@ async def _loopwire_resume(d: Any, name: str) -> Row:
     from bench.workload import write_script
 
     model = write_script(d.work / "scripts", RESUME_STEPS)
-    lid = await d.start_loop(model)
+    lid = str(uuid.uuid4())
+    # The killed process may have sent its next step's commit just before it died; the committer still
+    # stores it, milliseconds after the kill. That step is not a resumed one: the figure is the time to
+    # the first step the killed process never asked for (its commit requests are seen here, core NATS).
+    sent_by_old: set[bytes] = set()
+    dead_at = [float("inf")]
+
+    async def on_commit(msg: Any) -> None:
+        if time.perf_counter() < dead_at[0] + 0.05:  # the new process cannot commit this soon after
+            sent_by_old.update(event_ids(msg.data))
+
+    sub = await d.nc.subscribe(d.settings.names.commit(lid), cb=on_commit)
+    await d.start_loop(model, lid)
     trace = d.trace(lid)
     deadline = time.monotonic() + 60
     while len(trace.steps) < KILL_AFTER and time.monotonic() < deadline:  # noqa: ASYNC110 (polls a plain list)
         await asyncio.sleep(0.001)
     svc = d.sup.by_name("model-step")[0]
-    seen = len(trace.steps)
     t_kill = time.perf_counter()
-    d.kill(svc)
+    d.kill(svc)  # SIGKILL, and wait until it is gone
+    dead_at[0] = time.perf_counter()
     d.sup.services.remove(svc)
     # Start the replacement (blocking wait for READY happens in a thread: the observer keeps running).
     replacement = await asyncio.to_thread(d.model_step)
-    while len(trace.steps) <= seen:
+
+    def resumed() -> float | None:
+        return next((t for t, e in zip(trace.steps, trace.step_ids, strict=True) if e not in sent_by_old), None)
+
+    while (first := resumed()) is None:
         await asyncio.wait_for(asyncio.sleep(0.002), 60)
         if time.perf_counter() - t_kill > 120:
             raise RuntimeError("loopwire did not resume within 120 s")
-    resume = trace.steps[seen] - t_kill
+    await sub.unsubscribe()
+    resume = first - t_kill
     await asyncio.wait_for(trace.done.wait(), 120)
     # The settings the replacement actually ran with (it inherits this process's environment).
     effective = Settings.from_env({**os.environ, **replacement.env})
