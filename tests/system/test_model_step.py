@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from shared import events as ev
 from shared.bus import get_msg
 from shared.client import LoopClient
+from shared.codec import decode_event, decode_live_frame
 from shared.content import AIMessage, ToolResultMessage, ToolUseBlock, text_of, tool_uses
 from shared.protocol import ClosedError, NotFoundError
 from shared.settings import Settings
@@ -67,6 +68,61 @@ async def test_demo_loop_commits_the_expected_history_and_live_events(settings: 
         completed = [i for i, n in enumerate(names) if n == "ToolCallCompleted"]
         assert len(started) == 2 and len(completed) == 2
         assert max(started) < min(completed)
+
+
+async def test_live_frames_arrive_before_their_step_and_a_slow_tool_s_start_while_it_runs(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    # Step 1 calls a quick tool, step 2 one that runs for 1.5 s, then the final answer.
+    model = write_script(
+        tmp_path,
+        [
+            [{"kind": "text", "index": 0, "text": "Computing."}, *_tool_step(1, "calculator", '{"expression": "6*7"}')],
+            [{"kind": "text", "index": 0, "text": "Waiting."}, *_tool_step(2, "sleep", '{"seconds": 1.5}')],
+            [{"kind": "text", "index": 0, "text": "Done: 42."}, {"kind": "finish", "finish_reason": "end_turn"}],
+        ],
+    )
+    with system(settings, tools=("calculator", "sleep")):
+        loop_id = str(uuid.uuid4())
+        frames: list[tuple[float, bytes]] = []
+        committed: dict[str, float] = {}  # step id → when its StepDone reached a core subscriber
+
+        async def on_live(msg: Msg) -> None:
+            frames.append((time.monotonic(), msg.data))
+
+        async def on_record(msg: Msg) -> None:
+            e = decode_event(msg.data)
+            if isinstance(e, ev.StepDone):
+                committed.setdefault(e.step_id, time.monotonic())
+
+        await nc.subscribe(settings.names.live(loop_id), cb=on_live)
+        await nc.subscribe(settings.names.hist(loop_id), cb=on_record)
+        lc = LoopClient(nc, settings.names)
+        await lc.start(loop_id, model=model)
+        await lc.input(loop_id, "compute, then wait")
+        await wait_history(nc, settings, loop_id, lambda h: h.idle)
+        await anyio.sleep(0.2)
+
+    seen: list[tuple[float, ev.Event]] = []
+    for t, data in frames:
+        events = decode_live_frame(data)
+        assert events, "a live frame holds at least one event"
+        assert all(e.loop_id == loop_id for e in events)
+        seen.extend((t, e) for e in events)
+    assert len(committed) == 3
+    # Every live event of a step reached us before the step's record did.
+    for t, e in seen:
+        assert t <= committed[e.step_id], f"{type(e).__name__} of a step arrived after the step was committed"
+    # The slow call's start was seen while it ran, not held back until it ended.
+    started = next(t for t, e in seen if isinstance(e, ev.ToolCallStarted) and e.tool_name == "sleep")
+    done = next(t for t, e in seen if isinstance(e, ev.ToolCallCompleted) and e.tool_use_id.startswith("call_2_"))
+    assert done - started > 1.0
+    # Every chunk's text arrived, in order.
+    text = "".join(e.chunk.text for _, e in seen if isinstance(e, ev.TokenDelta) and e.chunk.kind == "text")
+    assert text == "Computing.Waiting.Done: 42."
+    # The quick step's events travelled together: far fewer messages than events.
+    quick = [data for _, data in frames if b"call_1_" in data or b"Computing." in data]
+    assert len(quick) <= 2, f"{len(quick)} frames for one quick step"
 
 
 async def test_malformed_tool_json_is_stored_as_empty_object_and_the_turn_recovers(
