@@ -95,11 +95,15 @@ class LiveOutbox:
         if p is None:
             # (time.monotonic is the clock asyncio's loop.time() reads, without anyio's backend lookup)
             p = self._pending[loop_id] = _Pending(time.monotonic() + self.window)
-            self._seen = True
-            if self._wake is not None:
-                self._wake.set()
-                self._wake = None
+            self._nudge()
         return p
+
+    def _nudge(self) -> None:
+        """A frame opened or fell due: the clock must look again (and wake, if it waits idle)."""
+        self._seen = True
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
 
     def chunk(self, loop_id: str, delta_of: DeltaOf, kind: str, text: str, index: int, id: str, name: str) -> None:
         """A model's stream chunk, to join the open TokenDelta if it continues it."""
@@ -126,10 +130,7 @@ class LiveOutbox:
     def _if_full(self, p: _Pending) -> None:
         if p.size >= FRAME_MAX_BYTES and p.due > 0:
             p.due = 0.0  # the clock's next look sends it
-            self._seen = True
-            if self._wake is not None:
-                self._wake.set()
-                self._wake = None
+            self._nudge()
 
     async def flush(self, loop_id: str) -> None:
         """Send ``loop_id``'s pending events now (live events are best effort: a failure is logged)."""
@@ -143,9 +144,10 @@ class LiveOutbox:
         try:
             start = 0
             while start < len(p.events):
-                end, size = start + 1, len(p.events[start])
-                while end < len(p.events) and size + len(p.events[end]) < FRAME_MAX_BYTES:
-                    size += len(p.events[end]) + 1
+                # A frame's bytes: its events, a comma between two, and the brackets.
+                end, size = start + 1, len(p.events[start]) + 2
+                while end < len(p.events) and size + 1 + len(p.events[end]) <= FRAME_MAX_BYTES:
+                    size += 1 + len(p.events[end])
                     end += 1
                 await self._nc.publish(subject, encode_live_frame(p.events[start:end]))
                 start = end
