@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -64,6 +66,16 @@ def started(loop_id: str, n: int = 0, summary: str = "17*23") -> ev.ToolCallStar
         tool_use_id=f"call_{n}",
         summary=summary,
     )
+
+
+@contextlib.asynccontextmanager
+async def clocked(nc: NATS, settings: Settings, window: float) -> AsyncIterator[LiveOutbox]:
+    """An outbox whose clock runs for the block."""
+    box = LiveOutbox(nc, settings.names, window=window)
+    async with anyio.create_task_group() as tg:
+        await tg.start(box.run)
+        yield box
+        tg.cancel_scope.cancel()
 
 
 async def settle(nc: NATS, seconds: float = 0.1) -> None:
@@ -138,10 +150,8 @@ async def test_an_event_ends_the_open_token_delta_and_order_is_kept(nc: NATS, se
 async def test_a_frame_goes_out_when_it_is_a_window_old_without_a_flush(nc: NATS, settings: Settings) -> None:
     loop_id = new_id()
     frames = await subscribe(nc, settings, loop_id)
-    box = LiveOutbox(nc, settings.names, window=0.05)
     make = delta_of(loop_id)
-    async with anyio.create_task_group() as tg:
-        await tg.start(box.run)
+    async with clocked(nc, settings, 0.05) as box:
         t0 = anyio.current_time()
         box.chunk(loop_id, make, "text", "a", 0, "", "")
         await anyio.sleep(0.3)  # the model pauses: the open frame must not wait for it
@@ -151,22 +161,18 @@ async def test_a_frame_goes_out_when_it_is_a_window_old_without_a_flush(nc: NATS
         await anyio.sleep(0.3)
         assert [type(e).__name__ for e in frames.events] == ["TokenDelta", "ToolCallStarted"]
         assert frames.got[1][0] - frames.got[0][0] < 0.5
-        tg.cancel_scope.cancel()
 
 
 async def test_a_steady_stream_goes_out_at_least_every_window(nc: NATS, settings: Settings) -> None:
     loop_id = new_id()
     frames = await subscribe(nc, settings, loop_id)
-    box = LiveOutbox(nc, settings.names, window=0.05)
     make = delta_of(loop_id)
-    async with anyio.create_task_group() as tg:
-        await tg.start(box.run)
+    async with clocked(nc, settings, 0.05) as box:
         for i in range(40):
             box.chunk(loop_id, make, "text", str(i % 10), 0, "", "")
             await anyio.sleep(0.01)
         await box.flush(loop_id)
         await settle(nc)
-        tg.cancel_scope.cancel()
     assert "".join(c.text for c in frames.chunks) == "".join(str(i % 10) for i in range(40))
     assert 4 <= len(frames.got) <= 20, len(frames.got)  # ~0.4 s of chunks in 50 ms frames
     times = [t for t, _ in frames.got]
@@ -176,16 +182,13 @@ async def test_a_steady_stream_goes_out_at_least_every_window(nc: NATS, settings
 async def test_one_clock_ends_each_loop_s_frame_a_window_after_it_opened(nc: NATS, settings: Settings) -> None:
     loops = [new_id() for _ in range(3)]
     subs = [await subscribe(nc, settings, lid) for lid in loops]
-    box = LiveOutbox(nc, settings.names, window=0.05)
     opened = []
-    async with anyio.create_task_group() as tg:
-        await tg.start(box.run)
+    async with clocked(nc, settings, 0.05) as box:
         for lid in loops:  # opened 30 ms apart: the clock must not wait for the newest one
             opened.append(anyio.current_time())
             box.add(started(lid))
             await anyio.sleep(0.03)
         await anyio.sleep(0.2)
-        tg.cancel_scope.cancel()
     for t0, frames in zip(opened, subs, strict=True):
         assert len(frames.got) == 1
         assert 0.04 <= frames.got[0][0] - t0 < 0.15
@@ -196,10 +199,8 @@ async def test_a_large_burst_is_split_into_frames_under_the_limit_and_none_is_lo
 ) -> None:
     loop_id = new_id()
     frames = await subscribe(nc, settings, loop_id)
-    box = LiveOutbox(nc, settings.names, window=5.0)
     sent = [started(loop_id, i, summary="x" * 1000) for i in range(300)]  # ~300 KB of events
-    async with anyio.create_task_group() as tg:
-        await tg.start(box.run)
+    async with clocked(nc, settings, 5.0) as box:
         for e in sent:
             box.add(e)
         await anyio.sleep(0.3)  # a full frame is sent by the clock without waiting for its window
@@ -207,7 +208,6 @@ async def test_a_large_burst_is_split_into_frames_under_the_limit_and_none_is_lo
         assert frames.got, "a frame over the size limit waits for its window"
         await box.flush(loop_id)
         await settle(nc)
-        tg.cancel_scope.cancel()
     assert frames.events == sent
     assert len(frames.got) >= 4 and max(frames.sizes) <= FRAME_MAX_BYTES
 
@@ -215,11 +215,8 @@ async def test_a_large_burst_is_split_into_frames_under_the_limit_and_none_is_lo
 async def test_nothing_goes_out_without_events(nc: NATS, settings: Settings) -> None:
     loop_id = new_id()
     frames = await subscribe(nc, settings, loop_id)
-    box = LiveOutbox(nc, settings.names, window=0.05)
-    async with anyio.create_task_group() as tg:
-        await tg.start(box.run)
+    async with clocked(nc, settings, 0.05) as box:
         await box.flush(loop_id)
         await anyio.sleep(0.15)
-        tg.cancel_scope.cancel()
     await settle(nc)
     assert frames.got == []
