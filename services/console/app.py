@@ -59,6 +59,8 @@ MAX_BODY_BYTES: Final = 256 * 1024
 MAX_TEXT_CHARS: Final = 100_000
 MAX_OPERATOR_CHARS: Final = 64
 CHANGE_INTERVAL: Final = 0.25  # at most this often a "changed" notice per page
+# How long the console waits at start-up for its index to catch up before it serves anyway.
+INDEX_WAIT_SECONDS: Final = 3.0
 
 STATUS: Final[dict[str, int]] = {
     ErrorKind.INVALID: 400,
@@ -300,10 +302,15 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
                     return
 
         try:
-            # The console serves at once; the index and the registry follow as soon as JetStream has them.
+            # The index and the registry follow as soon as JetStream has them. The console serves
+            # once its index has caught up with the stored history, so a console that says it is
+            # up answers (with a committer running that takes milliseconds); with no history stream
+            # yet it serves after INDEX_WAIT_SECONDS anyway and says what it waits for.
             async with anyio.create_task_group() as tg:
                 tg.start_soon(index.start)
                 tg.start_soon(load_registry)
+                with anyio.move_on_after(INDEX_WAIT_SECONDS):
+                    await index.ready.wait()
                 yield
                 tg.cancel_scope.cancel()
         finally:

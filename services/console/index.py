@@ -55,8 +55,6 @@ class LoopIndex:
             except (nats.js.errors.NotFoundError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
                 await asyncio.sleep(RETRY_SECONDS)
         self._target = info.state.last_seq
-        if self._target == 0:
-            self.ready.set()
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, inactive_threshold=30.0)
         self._sub = await js.subscribe(
             self._names.hist_all,
@@ -65,6 +63,8 @@ class LoopIndex:
             cb=self._on_msg,
             config=config,
         )
+        if self._target == 0:
+            self.ready.set()  # (after the subscription: a ready index is always following)
 
     @property
     def following(self) -> bool:
