@@ -139,7 +139,9 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
             "model": texts,
             "system": st.text(max_size=200),
             "tools": st.none() | st.lists(tool_names, max_size=4),
-            "policy": st.dictionaries(tool_names | st.just("*"), st.sampled_from(ev.POLICY_EFFECTS), max_size=4),
+            "policy": st.dictionaries(tool_names | st.just("*"), st.sampled_from(ev.POLICY_EFFECTS), max_size=4).filter(
+                _unique_casefold
+            ),
             "default_policy": st.sampled_from(ev.POLICY_EFFECTS),
             "limits": limits,
         }
@@ -155,7 +157,9 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
             "source_seq": st.integers(0, 2**40),
             "records": st.integers(1, 10_000),
             "changes": st.builds(ev.ForkChanges, input=st.none() | texts, model=st.none() | texts),
-            "reexecution": st.dictionaries(tool_names | st.just("*"), st.sampled_from(ev.REEXECUTIONS), max_size=3),
+            "reexecution": st.dictionaries(
+                tool_names | st.just("*"), st.sampled_from(ev.REEXECUTIONS), max_size=3
+            ).filter(_unique_casefold),
         }
     ),
     ev.TurnStarted: st.fixed_dictionaries({"turn_index": turn_index, "message": user_messages}),
