@@ -73,6 +73,8 @@ class OpenTurn(msgspec.Struct, kw_only=True):
     tool_calls: int = 0  # tool uses in those steps
     usage: Usage = msgspec.field(default_factory=Usage)
     traceparent: str = ""  # the turn's trace (TurnStarted), "" when it was not traced
+    # A final answer (a one-message StepDone) is stored: the turn's only next record is its end.
+    answered: bool = False
 
 
 class GateState(msgspec.Struct, kw_only=True):
@@ -198,6 +200,8 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 if len(msgs) > 1 and isinstance(head, AIMessage):
                     t.tool_iterations += 1
                     t.tool_calls += len(tool_uses(head))
+                elif len(msgs) == 1:
+                    t.answered = True
         elif isinstance(event, TurnStarted):
             self.idle = False
             self.messages.append(cp(event.message))

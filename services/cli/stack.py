@@ -192,7 +192,7 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
     from shared.client import LoopClient
     from shared.codec import decode_live_frame
     from shared.errors import LoopwireError
-    from shared.events import Event
+    from shared.events import Event, LoopClosed, LoopIdle, TurnStarted
     from shared.history import replay
     from shared.turns import TurnTracker, follow
 
@@ -230,7 +230,13 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
                         tg.start_soon(pump_history)
                         async for seq, e in receive:
                             view.apply(e, seq)
-                            if seq is not None and tracker.feed(e, seq) is not None:
+                            if seq is None:
+                                continue
+                            if tracker.result is None:
+                                tracker.feed(e, seq)
+                            # The turn's end and the loop's LoopIdle are separate commits: the table
+                            # below shows the history once the loop is at rest.
+                            if tracker.result is not None and isinstance(e, LoopIdle | TurnStarted | LoopClosed):
                                 break
                         tg.cancel_scope.cancel()
             except TimeoutError:

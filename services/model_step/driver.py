@@ -13,7 +13,6 @@ fold is its own: no two drives share mutable state.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -246,6 +245,8 @@ class LoopDriver:
             await self._commit(h, lambda _h: [make(ev.LoopIdle, loop_id=h.loop_id)])
         elif action is Action.RUN_STEP:
             await self._run_step(h)
+        elif action is Action.FINISH_TURN:
+            await self._end_turn(h)
         elif action is Action.RESUME_GATE:
             assert gate is not None
             await self._resume(h, gate)
@@ -424,7 +425,7 @@ class LoopDriver:
             return
         stored, calls = shaping.sanitize_step(ai)
         if not calls:
-            await self._finish_turn(h, t, step_id, stored)
+            await self._answer(h, t, step_id, stored)
             return
         limits = h.config.limits
         iterations, calls_so_far = t.tool_iterations + 1, t.tool_calls + len(calls)
@@ -754,24 +755,34 @@ class LoopDriver:
 
         await self._commit(h, build)
 
-    async def _finish_turn(self, h: LoopHistory, t: OpenTurn, step_id: str, stored: AIMessage) -> None:
-        usage = t.usage
-        if stored.usage is not None:
-            with contextlib.suppress(LoopwireError):  # an overflowing counter never loses the turn
-                usage = usage.add(stored.usage)
+    async def _answer(self, h: LoopHistory, t: OpenTurn, step_id: str, stored: AIMessage) -> None:
+        """Commit the final answer as a step of its own; the turn's end follows (``_end_turn``).
+
+        The answer and ``TurnDone`` are two commits, not one: on a one-node (R1) file-stored stream
+        the server stages every multi-record atomic batch in a store of its own on disk, which cost
+        about as much server CPU as twenty tool steps (docs/benchmarks.md). A history that holds the
+        answer but not yet the end is complete on its own: ``next_action`` ends such a turn and runs
+        no further step in it, whoever drives the loop next.
+        """
+        await self._commit(h, lambda cur: [self._step_done(cur, t, step_id, [stored])])
+
+    async def _end_turn(self, h: LoopHistory) -> None:
+        """``TurnDone`` for a turn whose final answer is stored (its message and the turn's usage)."""
 
         def build(cur: LoopHistory) -> list[Event] | None:
+            t = cur.open_turn
+            answer = cur.messages[-1] if cur.messages else None
+            if t is None or not t.answered or not isinstance(answer, AIMessage):
+                return None
             return [
-                self._step_done(cur, t, step_id, [stored]),
                 make(
                     ev.TurnDone,
                     loop_id=cur.loop_id,
                     turn_id=t.turn_id,
                     turn_index=t.turn_index,
-                    message=clone(stored),
-                    usage=usage,
-                ),
-                *self._idle_if_nothing_pending(cur),
+                    message=clone(answer),
+                    usage=t.usage,
+                )
             ]
 
         await self._commit(h, build)

@@ -20,6 +20,7 @@ class Action(Enum):
     NONE = "none"
     START_TURN = "start_turn"
     RUN_STEP = "run_step"
+    FINISH_TURN = "finish_turn"
     RESUME_GATE = "resume_gate"
     IDLE = "idle"
 
@@ -57,6 +58,8 @@ def next_action(h: LoopHistory) -> Next:
     if h.config is None or h.closed or h.forming:
         return Next(Action.NONE)
     if h.open_turn is not None:
+        if h.open_turn.answered:
+            return Next(Action.FINISH_TURN)
         if open_gate(h) is not None:
             return Next(Action.NONE)  # waiting for an operator; the answer brings a new work signal
         g = resumable_gate(h)

@@ -121,6 +121,36 @@ def test_fold_mirrors_the_seed_rules() -> None:
     assert h.events == 15 and len(h.messages) == 7
 
 
+def test_a_stored_final_answer_is_followed_by_the_turn_s_end_and_never_by_another_step() -> None:
+    from services.model_step.steps import Action, next_action
+
+    loop_id, t1 = new_id(), new_id()
+    in1, in2 = input_submitted(loop_id, "one"), input_submitted(loop_id, "two")
+    evs: list[Event] = [
+        loop_started(loop_id),
+        in1,
+        make(TurnStarted, loop_id=loop_id, turn_id=t1, turn_index=1, message=in1.message, cause=in1.cause),
+        tool_step(loop_id, t1, "a"),
+    ]
+    h = fold(enumerate(evs, 1))
+    assert h.open_turn is not None and not h.open_turn.answered
+    assert next_action(h).action is Action.RUN_STEP
+    # The answer is committed on its own (a driver may stop right here): the turn is answered, and
+    # its end comes next, even before an input that arrived meanwhile starts a turn.
+    h.apply(step(loop_id, t1, "final", Usage(input_tokens=3)), 5)
+    h.apply(in2, 6)
+    assert h.open_turn is not None and h.open_turn.answered and h.open_turn.steps == 2
+    assert next_action(h).action is Action.FINISH_TURN
+    h.apply(make(TurnDone, loop_id=loop_id, turn_id=t1, turn_index=1, message=ai_text("final")), 7)
+    assert h.open_turn is None and next_action(h).action is Action.START_TURN
+    # A tool step's StepDone (an assistant message and its results) never answers the turn.
+    t2 = new_id()
+    h.apply(make(TurnStarted, loop_id=loop_id, turn_id=t2, turn_index=2, message=in2.message, cause=in2.cause), 8)
+    h.apply(tool_step(loop_id, t2, "b"), 9)
+    assert h.open_turn is not None and not h.open_turn.answered
+    assert next_action(h).action is Action.RUN_STEP
+
+
 def test_fold_owns_its_data_and_copy_is_deep() -> None:
     loop_id = new_id()
     t = new_id()

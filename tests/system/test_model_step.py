@@ -417,3 +417,52 @@ async def test_a_signal_that_came_during_a_drive_is_removed_after_it_not_driven_
         assert deliveries[last] and set(deliveries[last]) == {b"-NAK"}, deliveries
         assert any(b"" in acks for acks in deliveries.values()), deliveries  # the drive that ran the turns
         assert await get_msg(nc, names.work_stream, last_by_subj=names.work(loop_id)) is None
+
+
+async def test_a_turn_whose_answer_is_stored_without_its_end_is_ended_once_by_the_next_driver(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    """A final answer and its TurnDone are separate commits: a model-step that stopped between them
+    leaves an answered turn, and whichever model-step drives the loop next ends it without asking the
+    model again (the script would answer a second time)."""
+    from shared.client import CommitClient
+    from shared.content import Usage, ai_text
+    from shared.events import make, new_id
+    from shared.history import load
+
+    model = write_script(tmp_path, {"responses": ["a second answer"], "repeat_last": True})
+    with system(settings, model_steps=0, tools=()) as s:
+        lc = LoopClient(nc, settings.names)
+        loop_id = str(uuid.uuid4())
+        await lc.start(loop_id, model=model)
+        await lc.input(loop_id, "hello")
+        # What a model-step leaves when it stops right after committing the answer.
+        h = await load(nc, settings.names, loop_id)
+        inp = h.pending_inputs[0]
+        assert inp.cause is not None
+        turn_id = new_id()
+        started = make(
+            ev.TurnStarted,
+            loop_id=loop_id,
+            turn_id=turn_id,
+            turn_index=1,
+            message=inp.message,
+            cause=ev.Cause(command_id=inp.cause.command_id, event_id=inp.event_id),
+        )
+        answer = make(
+            ev.StepDone,
+            loop_id=loop_id,
+            turn_id=turn_id,
+            step_id=ev.step_id_for(turn_id, 0),
+            messages=[ai_text("the first answer", Usage(input_tokens=7, output_tokens=3))],
+        )
+        await CommitClient(nc, settings.names).commit(loop_id, h.last_seq, [started, answer])
+        s.model_step()
+        await wait_history(nc, settings, loop_id, lambda h: h.idle)
+        events = await history(nc, settings, loop_id)
+    check_history_invariants(events)
+    assert types(events) == ["LoopStarted", "InputSubmitted", "TurnStarted", "StepDone", "TurnDone", "LoopIdle"]
+    done = events[4][1]
+    assert isinstance(done, ev.TurnDone) and done.turn_id == turn_id and done.message is not None
+    assert text_of(done.message) == "the first answer"
+    assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == (7, 3)
