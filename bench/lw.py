@@ -3,15 +3,23 @@
 :class:`Deployment` starts one nats-server (R1) or a 3-node cluster (R3: every process connects to
 its first node, ``LW_NATS_IN_ORDER``, like the floor's clients), ``replicas`` committers,
 calculator tool workers and model-step replicas (``shared.procs``), and runs loops of the workload
-through the loop API. Step timings come from a live core subscription to the history subjects:
-the committer's JetStream publish on ``<prefix>.hist.<loop>`` reaches core subscribers too, so each
-record is timestamped when it is committed, without touching the services. Core subscribers also
-see the publishes JetStream turns down (a retried append), so records are counted once per event id.
+through the loop API.
+
+Step timings are the records' own: JetStream stamps every stored message with the server's clock
+(``Nats-Time-Stamp``), and :meth:`Deployment.run_loops` reads the loops' records back once they
+are all idle, after the measured part. While loops run, the benchmark only asks, every
+``POLL_SECONDS``, how many records the history stream holds and, once that many could be the
+whole run, the last record of each loop still running (one batched Direct Get): the measured
+processes see no observer's traffic. A loop followed live (``start_loop(..., watch=True)``, the
+resume figure) is observed instead through a core subscription to its history subject: the
+committer's JetStream publish reaches core subscribers too. Core subscribers also see the
+publishes JetStream turns down (a retried append), so those records are counted once per event id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import os
 import shutil
@@ -19,23 +27,27 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.common import pct
 from bench.workload import USER_TEXT, write_script
-from shared.bus import connect, ensure_all
+from shared.bus import connect, direct_get_batch, ensure_all
 from shared.client import LoopClient
 from shared.events import Limits
 from shared.natsserver import NatsCluster, NatsServer
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
+from shared.subjects import H_TIMESTAMP, js_api
 
 PREFIX = "bench"
+POLL_SECONDS = 0.05  # how often run_loops looks for the end of its loops (the figures do not depend on it)
 BIG_LIMITS = Limits(max_iterations=1_000_000, max_calls_per_turn=1_000_000)
 
 _TYPE_AT = len(b'{"v":1,"type":"')
@@ -45,6 +57,13 @@ def record_type(data: bytes) -> str:
     """The event type of a stored envelope (``{"v":1,"type":"<Name>",...``) without decoding it."""
     end = data.find(b'"', _TYPE_AT)
     return data[_TYPE_AT:end].decode() if end > 0 else ""
+
+
+def stored_at(stamp: str) -> float:
+    """``Nats-Time-Stamp`` (RFC 3339 UTC with nanoseconds) as ``time.time()`` seconds."""
+    whole, _, frac = stamp.rstrip("Z").partition(".")
+    seconds = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC).timestamp()
+    return seconds + (int(frac[:9].ljust(9, "0")) / 1e9 if frac else 0.0)
 
 
 def event_id(data: bytes) -> bytes:
@@ -63,9 +82,24 @@ def event_ids(data: bytes) -> set[bytes]:
     return out
 
 
+class _StreamState(msgspec.Struct):
+    messages: int = 0
+
+
+class _StreamInfo(msgspec.Struct):
+    state: _StreamState = msgspec.field(default_factory=_StreamState)
+
+
+async def _stored(nc: NATS, stream: str) -> int:
+    """How many messages ``stream`` holds (a stream info request, only that field decoded)."""
+    reply = await nc.request(js_api("STREAM.INFO", stream), b"", timeout=10)
+    return msgspec.json.decode(reply.data, type=_StreamInfo).state.messages
+
+
 @dataclass
 class LoopTrace:
-    """Commit times (perf_counter) of one loop's records, by type."""
+    """Commit times of one loop's records, by type (``time.time()`` seconds in :meth:`Deployment.run_loops`,
+    ``perf_counter`` for a loop followed live)."""
 
     started: float = 0.0
     seen: set[bytes] = field(default_factory=set)  # event ids: a retried publish is delivered again
@@ -188,8 +222,6 @@ class Deployment:
     async def connect(self) -> NATS:
         self.nc = await connect(self.settings, name="bench")
         await ensure_all(self.nc.jetstream(timeout=10), self.settings)
-        await self.nc.subscribe(self.settings.names.hist_all, cb=self._on_record)
-        await self.nc.flush()
         return self.nc
 
     async def close(self) -> None:
@@ -215,15 +247,17 @@ class Deployment:
     # --- observing commits
 
     async def _on_record(self, msg: Msg) -> None:
-        t = time.perf_counter()
-        trace = self._traces.get(msg.subject[len(PREFIX) + 6 :])
+        self._trace_record(self._traces.get(msg.subject[len(PREFIX) + 6 :]), msg.data, time.perf_counter())
+
+    @staticmethod
+    def _trace_record(trace: LoopTrace | None, data: bytes, t: float) -> None:
         if trace is None:
             return
-        eid = event_id(msg.data)
+        eid = event_id(data)
         if eid in trace.seen:
             return
         trace.seen.add(eid)
-        kind = record_type(msg.data)
+        kind = record_type(data)
         if kind == "StepDone":
             trace.steps.append(t)
             trace.step_ids.append(eid)
@@ -235,20 +269,32 @@ class Deployment:
 
     # --- running loops
 
-    async def start_loop(self, model: str, loop_id: str | None = None) -> str:
+    async def start_loop(self, model: str, loop_id: str | None = None, *, watch: bool = False) -> str:
+        """Start a loop and send its input; ``watch``: follow its records live (:meth:`trace`)."""
         assert self.nc is not None
         lid = loop_id or str(uuid.uuid4())
-        trace = self._traces[lid] = LoopTrace(started=time.perf_counter())
+        trace = self._traces[lid] = LoopTrace(started=time.perf_counter() if watch else time.time())
+        if watch:
+            await self.nc.subscribe(self.settings.names.hist(lid), cb=self._on_record)
         lc = LoopClient(self.nc, self.settings.names, timeout=60)
         await lc.start(lid, model=model, tools=["calculator"], limits=BIG_LIMITS)
         await lc.input(lid, USER_TEXT)
         assert trace is self._traces[lid]
         return lid
 
-    async def run_loops(self, loops: int, steps: int, *, timeout: float = 600.0) -> LoopsRun:
-        """Start ``loops`` loops of ``steps`` tool steps at once; wait until every one is idle."""
+    async def run_loops(
+        self, loops: int, steps: int, *, timeout: float = 600.0, on_done: Callable[[], None] | None = None
+    ) -> LoopsRun:
+        """Start ``loops`` loops of ``steps`` tool steps at once; wait until every one is idle.
+
+        ``on_done`` runs as soon as the last loop is idle, before the records are read back for
+        their timestamps (e.g. to end a CPU measurement there).
+        """
+        assert self.nc is not None
         model = write_script(self.work / "scripts", steps)
-        t0 = time.perf_counter()
+        names = self.settings.names
+        before = await _stored(self.nc, names.history_stream)
+        t0 = time.time()
         sem = asyncio.Semaphore(64)
 
         async def start_one() -> str:
@@ -256,17 +302,34 @@ class Deployment:
                 return await self.start_loop(model)
 
         ids = await asyncio.gather(*(start_one() for _ in range(loops)))
-        traces = {lid: self._traces[lid] for lid in ids}
-        await asyncio.wait_for(asyncio.gather(*(t.done.wait() for t in traces.values())), timeout)
+        # A finished loop holds at least its steps + 1 StepDone records and its LoopIdle.
+        await asyncio.wait_for(self._until_idle(ids, before + loops * (steps + 2)), timeout)
+        if on_done is not None:
+            on_done()
+        traces = {lid: self._traces.pop(lid) for lid in ids}
+        for lid, trace in traces.items():
+            got = await direct_get_batch(self.nc, names.history_stream, names.hist(lid), start_seq=1)
+            for m in got.messages:
+                self._trace_record(trace, m.data, stored_at(m.headers.get(H_TIMESTAMP, "")))
         seconds = max(t.idle for t in traces.values()) - t0
-        for lid in ids:
-            self._traces.pop(lid, None)
         bad = [lid for lid, t in traces.items() if len(t.steps) != steps + 1]
         if bad:
             raise RuntimeError(
                 f"{len(bad)} loop(s) did not commit {steps + 1} steps; e.g. {bad[0]}: {await self.describe(bad[0])}"
             )
         return LoopsRun(loops=loops, steps=steps, seconds=seconds, traces=traces)
+
+    async def _until_idle(self, ids: list[str], at_least: int) -> None:
+        """Return once every loop's last record is its LoopIdle (``at_least``: the stream's count before)."""
+        assert self.nc is not None
+        names = self.settings.names
+        left = {names.hist(lid) for lid in ids}
+        while left:
+            await asyncio.sleep(POLL_SECONDS)
+            if await _stored(self.nc, names.history_stream) < at_least:
+                continue
+            got = await direct_get_batch(self.nc, names.history_stream, "", start_seq=0, multi_last=sorted(left))
+            left -= {m.subject for m in got.messages if record_type(m.data) == "LoopIdle"}
 
     async def describe(self, loop_id: str) -> str:
         """A short account of a loop's committed history (for error messages)."""

@@ -14,7 +14,7 @@ PROCESS_GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("tool worker / tool responder", ("tools",), ("floor-tool",)),
     ("committer / commit responder", ("committer",), ("floor-commit",)),
     ("nats-server (all nodes)", ("nats-",), ("nats-",)),
-    ("benchmark process (starts loops, observes commits)", ("bench",), ()),
+    ("benchmark process (starts loops, waits for their end)", ("bench",), ()),
 )
 
 

@@ -164,8 +164,7 @@ def run_step_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
             await d.warm_up()
             meter = RunMeter(_pids(d), _http_ports(d))
             meter.begin()
-            run = await d.run_loops(1, sz["step"])
-            meter.end()
+            run = await d.run_loops(1, sz["step"], on_done=meter.end)
             await d.close()
             return run, meter
 
@@ -246,8 +245,7 @@ def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict
                         prof = Profiler(services, Path(d.work) / "profile")
                     meter = RunMeter(pids, _http_ports(d))
                     meter.begin()
-                    run = await d.run_loops(loops, sz["tp_steps"])
-                    meter.end()
+                    run = await d.run_loops(loops, sz["tp_steps"], on_done=meter.end)
                     if prof is not None:
                         profiles.update(prof.stop())
                     n = run.loops * run.steps

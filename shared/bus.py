@@ -680,11 +680,14 @@ async def direct_get_batch(
     batch: int = 2000,
     max_bytes: int = 8 * 1024 * 1024,
     idle_timeout: float = 5.0,
+    multi_last: Sequence[str] = (),
 ) -> DirectBatch:
     """Up to ``batch`` messages of ``subject`` from ``start_seq`` with ONE request (no consumer).
 
-    Served by any replica (no read-after-write on R3; see :func:`get_msg`). The messages arrive on a
-    private inbox through a callback (much faster than ``next_msg``) and end with an EOB status.
+    With ``multi_last``, instead the last message of each of those subjects (``subject`` and
+    ``start_seq`` are then ignored). Served by any replica (no read-after-write on R3; see
+    :func:`get_msg`). The messages arrive on a private inbox through a callback (much faster than
+    ``next_msg``) and end with an EOB status.
     """
     out: list[StoredMsg] = []
     done = asyncio.Event()
@@ -709,7 +712,11 @@ async def direct_get_batch(
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg)
     try:
-        req = {"seq": max(1, start_seq), "batch": batch, "next_by_subj": subject, "max_bytes": max_bytes}
+        req: dict[str, object] = (
+            {"multi_last": list(multi_last), "batch": batch}
+            if multi_last
+            else {"seq": max(1, start_seq), "batch": batch, "next_by_subj": subject, "max_bytes": max_bytes}
+        )
         await nc.publish(js_api("DIRECT.GET", stream), _json.encode(req), reply=inbox)
         # Time out only when nothing arrives for idle_timeout (a long batch keeps making progress).
         seen = -1

@@ -48,6 +48,7 @@ H_SEQUENCE: Final = "Nats-Sequence"
 H_SUBJECT: Final = "Nats-Subject"
 H_NUM_PENDING: Final = "Nats-Num-Pending"
 H_LAST_SEQUENCE: Final = "Nats-Last-Sequence"
+H_TIMESTAMP: Final = "Nats-Time-Stamp"  # when the server stored the message (RFC 3339, UTC, nanoseconds)
 H_STATUS: Final = "Status"
 
 

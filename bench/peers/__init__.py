@@ -177,11 +177,10 @@ def _loopwire(cluster: bool) -> Callable[[dict[str, int], Any], list[Row]]:
                 seq = await d.run_loops(1, sz["seq"])
                 b1, _ = await d.stream_bytes()
                 # Every process, the benchmark's included: it starts the loops (as Restate's driver does)
-                # and observes the commits.
+                # and waits for their end (the step times are the records' own, read afterwards).
                 meter = RunMeter(_pids(d), _http_ports(d))
                 meter.begin()
-                conc = await d.run_loops(sz["loops"], sz["steps"])
-                meter.end()
+                conc = await d.run_loops(sz["loops"], sz["steps"], on_done=meter.end)
                 b2, _ = await d.stream_bytes()
                 rows.append(
                     _row(name, "sequential", seq.intervals, seq.loops * seq.steps, seq.seconds, (b1 - b0) / sz["seq"])
@@ -218,7 +217,7 @@ async def _loopwire_resume(d: Any, name: str) -> Row:
             sent_by_old.update(event_ids(msg.data))
 
     sub = await d.nc.subscribe(d.settings.names.commit(lid), cb=on_commit)
-    await d.start_loop(model, lid)
+    await d.start_loop(model, lid, watch=True)
     trace = d.trace(lid)
     deadline = time.monotonic() + 60
     while len(trace.steps) < KILL_AFTER and time.monotonic() < deadline:  # noqa: ASYNC110 (polls a plain list)

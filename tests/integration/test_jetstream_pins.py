@@ -36,7 +36,7 @@ from shared.bus import (
 )
 from shared.natsserver import NatsCluster
 from shared.settings import Settings
-from shared.subjects import H_BATCH_ID, H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ, H_MSG_ID
+from shared.subjects import H_BATCH_ID, H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ, H_MSG_ID, H_TIMESTAMP
 from tests import natsfixtures
 
 pytestmark = pytest.mark.anyio
@@ -148,6 +148,17 @@ async def test_atomic_batch_is_all_or_nothing_with_occ_on_the_first(env: Env) ->
         await publish_batch(env.nc, subj, payloads, hdrs, request_timeout=T)
     assert err.value.err_code == ERR_BATCH_DUPLICATE_MSG_ID
     assert await env.count() == 4
+
+
+async def test_direct_get_of_the_last_record_of_several_subjects_in_one_request(env: Env) -> None:
+    a, b, gone = env.subject(), env.subject(), env.subject()
+    for k in range(3):
+        for subj in (a, b):
+            await js_publish(env.nc, subj, f"{subj[-4:]}{k}".encode(), {H_MSG_ID: f"{subj}{k}"}, request_timeout=T)
+    got = await direct_get_batch(env.nc, env.stream, "", start_seq=0, multi_last=[a, b, gone])
+    # One message per subject that has any, each its last, with its stored time.
+    assert {m.subject: m.data for m in got.messages} == {a: f"{a[-4:]}2".encode(), b: f"{b[-4:]}2".encode()}
+    assert all(m.headers[H_TIMESTAMP].endswith("Z") for m in got.messages)
 
 
 async def test_batch_abandoned_midway_stores_nothing(env: Env) -> None:
