@@ -147,6 +147,7 @@ def test_asyncapi_lists_every_subject_header_and_error() -> None:
         subjects.H_SUBJECT,
         subjects.H_NUM_PENDING,
         subjects.H_LAST_SEQUENCE,
+        subjects.H_TIMESTAMP,
         subjects.H_STATUS,
     }
     for kind in ErrorKind:
