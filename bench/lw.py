@@ -32,19 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.common import pct
 from bench.workload import USER_TEXT, write_script
-from shared.bus import connect, direct_get_batch, ensure_all
+from shared.bus import connect, direct_get_batch, ensure_all, stream_messages
 from shared.client import LoopClient
 from shared.events import Limits
 from shared.natsserver import NatsCluster, NatsServer
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
-from shared.subjects import H_TIMESTAMP, js_api
+from shared.subjects import H_TIMESTAMP
 
 PREFIX = "bench"
 POLL_SECONDS = 0.05  # how often run_loops looks for the end of its loops (the figures do not depend on it)
@@ -80,20 +79,6 @@ def event_ids(data: bytes) -> set[bytes]:
         out.add(data[i + 12 : i + 48])
         i = data.find(b'"event_id":"', i + 48)
     return out
-
-
-class _StreamState(msgspec.Struct):
-    messages: int = 0
-
-
-class _StreamInfo(msgspec.Struct):
-    state: _StreamState = msgspec.field(default_factory=_StreamState)
-
-
-async def _stored(nc: NATS, stream: str) -> int:
-    """How many messages ``stream`` holds (a stream info request, only that field decoded)."""
-    reply = await nc.request(js_api("STREAM.INFO", stream), b"", timeout=10)
-    return msgspec.json.decode(reply.data, type=_StreamInfo).state.messages
 
 
 @dataclass
@@ -293,7 +278,7 @@ class Deployment:
         assert self.nc is not None
         model = write_script(self.work / "scripts", steps)
         names = self.settings.names
-        before = await _stored(self.nc, names.history_stream)
+        before = await stream_messages(self.nc, names.history_stream)
         t0 = time.time()
         sem = asyncio.Semaphore(64)
 
@@ -326,7 +311,7 @@ class Deployment:
         left = {names.hist(lid) for lid in ids}
         while left:
             await asyncio.sleep(POLL_SECONDS)
-            if await _stored(self.nc, names.history_stream) < at_least:
+            if await stream_messages(self.nc, names.history_stream) < at_least:
                 continue
             got = await direct_get_batch(self.nc, names.history_stream, "", start_seq=0, multi_last=sorted(left))
             left -= {m.subject for m in got.messages if record_type(m.data) == "LoopIdle"}

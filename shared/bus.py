@@ -741,6 +741,15 @@ async def direct_get_batch(
     return DirectBatch(messages=out, num_pending=pending, last_seq=last)
 
 
+async def stream_messages(nc: NATS, stream: str, *, request_timeout: float = 5.0) -> int:
+    """How many messages ``stream`` holds (one stream info request, only its count decoded)."""
+    msg = await _request(nc, js_api("STREAM.INFO", stream), b"", None, request_timeout)
+    resp = msgspec.json.decode(msg.data, type=_StreamInfoWire)
+    if resp.error is not None:
+        raise JetStreamError(resp.error.code, resp.error.err_code, resp.error.description)
+    return resp.state.messages if resp.state else 0
+
+
 async def subjects(nc: NATS, stream: str, subjects_filter: str, *, request_timeout: float = 5.0) -> dict[str, int]:
     """Every subject of ``stream`` matching ``subjects_filter`` with its message count (paged)."""
     out: dict[str, int] = {}
@@ -781,6 +790,7 @@ async def purge_work(nc: NATS, names: Names, loop_id: str, *, through_seq: int, 
 
 
 class _StreamStateWire(msgspec.Struct):
+    messages: int = 0
     subjects: dict[str, int] | None = None
 
 

@@ -33,6 +33,7 @@ from shared.bus import (
     get_msg,
     js_publish,
     publish_batch,
+    stream_messages,
 )
 from shared.natsserver import NatsCluster
 from shared.settings import Settings
@@ -159,6 +160,7 @@ async def test_direct_get_of_the_last_record_of_several_subjects_in_one_request(
     # One message per subject that has any, each its last, with its stored time.
     assert {m.subject: m.data for m in got.messages} == {a: f"{a[-4:]}2".encode(), b: f"{b[-4:]}2".encode()}
     assert all(m.headers[H_TIMESTAMP].endswith("Z") for m in got.messages)
+    assert await stream_messages(env.nc, env.stream) == await env.count()
 
 
 async def test_batch_abandoned_midway_stores_nothing(env: Env) -> None:
