@@ -760,7 +760,8 @@ class LoopDriver:
 
         The answer and ``TurnDone`` are two commits, not one: on a one-node (R1) file-stored stream
         the server stages every multi-record atomic batch in a store of its own on disk, which cost
-        about as much server CPU as twenty tool steps (docs/benchmarks.md). A history that holds the
+        5.5-7.6 ms of server CPU per batch against about 0.1 ms for two plain publishes
+        (docs/benchmarks.md). A history that holds the
         answer but not yet the end is complete on its own: ``next_action`` ends such a turn and runs
         no further step in it, whoever drives the loop next.
         """
