@@ -70,17 +70,38 @@ def fork_event_id(new_loop: str, source_event_id: str) -> str:
     return _fid(new_loop, "", source_event_id)
 
 
-def valid_points(records: Sequence[tuple[int, Event]]) -> list[int]:
+class ForkPoints:
+    """The valid fork points of one loop, kept as its records are fed in order with :meth:`add`.
+
+    A step's point moves past the records committed in its group after it (``_STEP_TAIL``), so
+    each record can only withdraw the point its predecessor made.
+    """
+
+    __slots__ = ("_last", "points")
+
+    def __init__(self) -> None:
+        self.points: list[int] = []
+        self._last: Event | None = None
+
+    def add(self, seq: int, e: Event) -> None:
+        prev, self._last = self._last, e
+        if (
+            isinstance(prev, StepDone | TurnFoldedInto)
+            and isinstance(e, _STEP_TAIL)
+            and e.turn_id == prev.turn_id
+            and self.points
+        ):
+            self.points.pop()  # the step's group goes on: the point is after its last record
+        if isinstance(e, POINT_TYPES):
+            self.points.append(seq)
+
+
+def valid_points(records: Iterable[tuple[int, Event]]) -> list[int]:
     """Sequences of ``records`` (one loop, in order) a fork may start after."""
-    out: list[int] = []
-    for i, (seq, e) in enumerate(records):
-        if not isinstance(e, POINT_TYPES):
-            continue
-        nxt = records[i + 1][1] if i + 1 < len(records) else None
-        if isinstance(e, StepDone | TurnFoldedInto) and isinstance(nxt, _STEP_TAIL) and nxt.turn_id == e.turn_id:
-            continue  # the step's group goes on: the point is after its last record
-        out.append(seq)
-    return out
+    fp = ForkPoints()
+    for seq, e in records:
+        fp.add(seq, e)
+    return fp.points
 
 
 def check_point(records: Sequence[tuple[int, Event]], at: int | None) -> int:
@@ -325,6 +346,7 @@ async def parents(nc: NATS, names: Names, loop_ids: Iterable[str]) -> dict[str, 
 __all__ = [
     "FORK_NS",
     "ForkPointError",
+    "ForkPoints",
     "ForkSpec",
     "build_fork",
     "call_key",

@@ -43,8 +43,6 @@ from shared.bus import JetStreamError, JetStreamUnavailableError, connect, direc
 from shared.client import LoopClient
 from shared.errors import ErrorKind, LoopwireError
 from shared.events import POLICY_EFFECTS, Limits
-from shared.forking import valid_points
-from shared.history import replay
 from shared.protocol import RemoteError
 from shared.settings import Settings, split_list
 from shared.validate import is_uuid
@@ -528,8 +526,6 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
     async def lineage(request: Request) -> Response:
         loop_id = loop_id_of(request)
         s = await summary_of(loop_id)
-        assert console.nc is not None
-        records = [r async for r in replay(console.nc, loop_id, names=settings.names)]
         children = [
             {"loop_id": c.loop_id, "at": c.forked_at, "title": c.title, "state": c.state}
             for c in console.loops_index().loops.values()
@@ -542,7 +538,7 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
                 "parent": s.parent or None,
                 "forked_at": s.forked_at or None,
                 "children": sorted(children, key=lambda c: (c["at"], c["loop_id"])),
-                "points": valid_points(records),
+                "points": s.fork_points.points,
             }
         )
 

@@ -34,6 +34,7 @@ from shared.events import (
     TurnStarted,
     UserInputRequested,
 )
+from shared.forking import ForkPoints
 
 STATES: Final = ("running", "waiting", "idle", "failed", "closed")
 PAGE_SIZE: Final = 50
@@ -88,6 +89,7 @@ class LoopSummary:
     output_tokens: int = 0
     last_seq: int = 0
     seqs: list[int] = field(default_factory=list)
+    fork_points: ForkPoints = field(default_factory=ForkPoints)
     gates: dict[str, GateView] = field(default_factory=dict)
     parent: str = ""  # a fork's source loop, and the source's sequence it was forked at
     forked_at: int = 0
@@ -100,6 +102,7 @@ class LoopSummary:
             return False
         self.last_seq = seq
         self.seqs.append(seq)
+        self.fork_points.add(seq, event)
         if event.created_at:
             self.last_activity = event.created_at
         if isinstance(event, LoopForked):
