@@ -86,17 +86,19 @@ async def test_live_frames_arrive_before_their_step_and_a_slow_tool_s_start_whil
         loop_id = str(uuid.uuid4())
         frames: list[tuple[float, bytes]] = []
         committed: dict[str, float] = {}  # step id → when its StepDone reached a core subscriber
+        live_subject, hist_subject = settings.names.live(loop_id), settings.names.hist(loop_id)
 
-        async def on_live(msg: Msg) -> None:
-            frames.append((time.monotonic(), msg.data))
+        # One subscription for both subjects: nats-py runs each subscription's callbacks in a task
+        # of its own, so only one subscription sees messages in the order the server sent them.
+        async def on_msg(msg: Msg) -> None:
+            if msg.subject == live_subject:
+                frames.append((time.monotonic(), msg.data))
+            elif msg.subject == hist_subject:
+                e = decode_event(msg.data)
+                if isinstance(e, ev.StepDone):
+                    committed.setdefault(e.step_id, time.monotonic())
 
-        async def on_record(msg: Msg) -> None:
-            e = decode_event(msg.data)
-            if isinstance(e, ev.StepDone):
-                committed.setdefault(e.step_id, time.monotonic())
-
-        await nc.subscribe(settings.names.live(loop_id), cb=on_live)
-        await nc.subscribe(settings.names.hist(loop_id), cb=on_record)
+        await nc.subscribe(f"{settings.names.prefix}.*.{loop_id}", cb=on_msg)
         lc = LoopClient(nc, settings.names)
         await lc.start(loop_id, model=model)
         await lc.input(loop_id, "compute, then wait")
