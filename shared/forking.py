@@ -85,12 +85,7 @@ class ForkPoints:
 
     def add(self, seq: int, e: Event) -> None:
         prev, self._last = self._last, e
-        if (
-            isinstance(prev, StepDone | TurnFoldedInto)
-            and isinstance(e, _STEP_TAIL)
-            and e.turn_id == prev.turn_id
-            and self.points
-        ):
+        if isinstance(prev, StepDone | TurnFoldedInto) and isinstance(e, _STEP_TAIL) and e.turn_id == prev.turn_id:
             self.points.pop()  # the step's group goes on: the point is after its last record
         if isinstance(e, POINT_TYPES):
             self.points.append(seq)

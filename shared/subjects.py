@@ -118,6 +118,11 @@ class Names:
         """
         return f"{self.prefix}.ctl.{loop_id}"
 
+    def of_loop(self, loop_id: str) -> str:
+        """Every single-token-kind subject of one loop (history, control, live, commit, work): one
+        subscription sees them in the order the server sent them, which separate ones do not."""
+        return f"{self.prefix}.*.{loop_id}"
+
     # --- live ephemeral events
     def live(self, loop_id: str) -> str:
         """A loop's live frames: each a JSON array of its ephemeral events (``shared.codec.decode_live_frame``)."""

@@ -98,7 +98,7 @@ async def test_live_frames_arrive_before_their_step_and_a_slow_tool_s_start_whil
                 if isinstance(e, ev.StepDone):
                     committed.setdefault(e.step_id, time.monotonic())
 
-        await nc.subscribe(f"{settings.names.prefix}.*.{loop_id}", cb=on_msg)
+        await nc.subscribe(settings.names.of_loop(loop_id), cb=on_msg)
         lc = LoopClient(nc, settings.names)
         await lc.start(loop_id, model=model)
         await lc.input(loop_id, "compute, then wait")
