@@ -36,6 +36,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.backoff import Backoff, retry
+from shared.connection import Connection, request
 from shared.errors import ErrorKind, LoopwireError
 from shared.settings import Settings
 from shared.subjects import (
@@ -142,7 +143,7 @@ class IncompatibleConfigError(LoopwireError):
 
 
 async def connect(settings: Settings, *, name: str = "loopwire", **options: Any) -> NATS:
-    """Connect with ``settings``; extra keyword options go to ``nats.connect`` unchanged."""
+    """Connect with ``settings``; extra keyword options go to ``Client.connect`` unchanged."""
     opts: dict[str, Any] = {
         "servers": list(settings.nats_urls),
         "name": name,
@@ -167,7 +168,9 @@ async def connect(settings: Settings, *, name: str = "loopwire", **options: Any)
             ctx.load_cert_chain(settings.nats_tls_cert, settings.nats_tls_key or None)
         opts["tls"] = ctx
     opts.update(options)
-    return await nats.connect(**opts)
+    nc = Connection()
+    await nc.connect(**opts)
+    return nc
 
 
 # --- streams and buckets ----------------------------------------------------------------------
@@ -495,7 +498,7 @@ async def request_with_grace(
     a stream that just elected its leader) may not have its interest known to our server yet.
     """
     return await retry(
-        lambda: nc.request(subject, payload, timeout=timeout, headers=dict(headers) if headers else None),
+        lambda: request(nc, subject, payload, timeout=timeout, headers=headers),
         on=nats.errors.NoRespondersError,
         first=0.02,
         cap=0.25,

@@ -119,18 +119,19 @@ class CommitClient:
         events: Sequence[Event],
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-        inputs_checked: bool = False,
+        validate: bool = True,
     ) -> CommitResult:
         """Append ``events`` (all or none) right after ``expected_last_seq`` (0 for a new loop).
 
         Events are encoded (and so validated) here first: an invalid one raises
-        :class:`shared.errors.InvalidEventError` before anything is sent. ``inputs_checked``: the
-        caller already found every tool_use input strict JSON (the committer checks them in any case).
+        :class:`shared.errors.InvalidEventError` before anything is sent. ``validate=False``: the
+        committer's validation is the only one (it validates every event it stores), and an invalid
+        event comes back as an :class:`~shared.protocol.InvalidRequestError` reply instead.
         """
         return await self.commit_raw(
             loop_id,
             expected_last_seq,
-            [encode_event(e, max_bytes=max_record_bytes, inputs_checked=inputs_checked) for e in events],
+            [encode_event(e, max_bytes=max_record_bytes, validate=validate) for e in events],
         )
 
     async def commit_raw(self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes]) -> CommitResult:

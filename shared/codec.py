@@ -55,16 +55,20 @@ _decoders: dict[type[Event], msgspec.json.Decoder[Event]] = {
 }
 
 
-def encode_event(event: Event, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES, inputs_checked: bool = False) -> bytes:
+def encode_event(
+    event: Event, *, max_bytes: int = DEFAULT_MAX_RECORD_BYTES, inputs_checked: bool = False, validate: bool = True
+) -> bytes:
     """Encode an enduring, valid event as a v1 envelope.
 
     ``inputs_checked``: see :func:`shared.validate.validate_event` (the rest is validated all the same).
+    ``validate=False``: not validated here, for a sender whose receiver validates every event anyway.
     """
     if not isinstance(event, Event) or type(event).__name__ not in EVENT_TYPES:
         raise UnknownEventTypeError(type(event).__name__)
     if event_class(event) is Class.EPHEMERAL:
         raise EphemeralNotPersistableError(type(event).__name__)
-    validate_event(event, inputs_checked=inputs_checked)
+    if validate:
+        validate_event(event, inputs_checked=inputs_checked)
     # msgspec writes the tag first and omits v == 1 (a default); put "v":1 right after the "{".
     try:
         raw = _encoder.encode(event)

@@ -29,6 +29,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     │   ├── NotFoundError
     │   └── ClosedError
     ├── WireError                         shared.protocol: raised by request handling, becomes an error reply
+    │   └── EventIdTaken                  services.committer.appender: an event id stored with other content
     ├── NatsServerError                   (also RuntimeError) the nats-server process
     ├── ServiceStartError                 (also RuntimeError) a service process did not become ready
     ├── CliError                          the CLI's one-line error

@@ -402,6 +402,8 @@ async def load(
     ``consistent`` (default): first ask the stream **leader** for the loop's last sequence and read
     until the fold reaches it. On R3 a Direct Get may be answered by a follower that lags by a few
     milliseconds; this makes "committed before the call" imply "in the fold" (one extra round trip).
+    A one-replica stream needs none of it (``Settings.leader_reads``): its only server answers the
+    Direct Get and holds every record it acknowledged.
     """
     h = cached if cached is not None else LoopHistory(loop_id=loop_id)
     target = 0

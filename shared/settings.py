@@ -246,6 +246,13 @@ class Settings:
     def names(self) -> Names:
         return Names(self.prefix)
 
+    @property
+    def leader_reads(self) -> bool:
+        """Whether a read that must see every acknowledged record asks the stream leader first
+        (``shared.history.load``'s ``consistent``). With one replica a Direct Get is answered by
+        the only server, which holds every record it acknowledged: no leader read is needed."""
+        return self.replicas > 1
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Every declared variable of ``env`` (default ``os.environ``), then ``overrides`` by field name."""

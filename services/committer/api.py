@@ -59,7 +59,7 @@ from shared.subjects import VERBS
 from shared.validate import is_uuid, validate_event
 from shared.wiretypes import ALLOW, ANSWER_ACTIONS
 
-from .appender import Appender
+from .appender import Appender, EventIdTaken
 from .fork import fork
 
 log = logging.getLogger("loopwire.committer.api")
@@ -98,20 +98,30 @@ def _invalid(e: InvalidEventError) -> WireError:
 
 
 class _HistoryCache:
-    """Folds of recently used loops (LRU). Only a speed-up: OCC catches every stale entry."""
+    """Folds of recently used loops (LRU). Only a speed-up: OCC catches every stale entry.
+
+    A fold is *quiet* when this process wrote its last record and queued no work for the loop since:
+    no drive can have written after it, so a command may decide on it without reading the tail
+    first (a loop just started is the usual case: its input comes next).
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._items: OrderedDict[str, LoopHistory] = OrderedDict()
+        self._items: OrderedDict[str, tuple[LoopHistory, bool]] = OrderedDict()
 
     def get(self, loop_id: str) -> LoopHistory | None:
-        h = self._items.get(loop_id)
-        if h is not None:
-            self._items.move_to_end(loop_id)
-        return h
+        item = self._items.get(loop_id)
+        if item is None:
+            return None
+        self._items.move_to_end(loop_id)
+        return item[0]
 
-    def put(self, loop_id: str, h: LoopHistory) -> None:
-        self._items[loop_id] = h
+    def quiet(self, loop_id: str) -> LoopHistory | None:
+        item = self._items.get(loop_id)
+        return item[0] if item is not None and item[1] else None
+
+    def put(self, loop_id: str, h: LoopHistory, *, quiet: bool = False) -> None:
+        self._items[loop_id] = (h, quiet)
         self._items.move_to_end(loop_id)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
@@ -199,7 +209,14 @@ class LoopApi:
         while True:
             cached = self._cache.get(loop_id)
             try:
-                h = await load(self._nc, self._names, loop_id, cached, max_record_bytes=self._settings.max_record_bytes)
+                h = await load(
+                    self._nc,
+                    self._names,
+                    loop_id,
+                    cached,
+                    max_record_bytes=self._settings.max_record_bytes,
+                    consistent=self._settings.leader_reads,
+                )
             except JetStreamUnavailableError as e:
                 problem = str(e)
             except JetStreamError as e:
@@ -218,12 +235,31 @@ class LoopApi:
     async def _read_modify_write(
         self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
     ) -> tuple[int, bool]:
+        """Decide on the loop's fold and append with OCC at its ``last_seq``; on a conflict read and decide again.
+
+        The first decision may skip the read: on a quiet cached fold (see :class:`_HistoryCache`), or on
+        an empty fold for a ``start`` of a loop this process does not know (nearly always a new loop).
+        Only a decision that writes is taken that way, the append's expected sequence proving the
+        fold was the latest; one that answers without a write, or refuses, reads the tail and
+        decides again.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.commit_retry_seconds
+        unread = self._cache.quiet(loop_id)
+        if unread is None and verb == "start" and self._cache.get(loop_id) is None:
+            unread = LoopHistory(loop_id=loop_id)
         while True:
-            h = await self._history(loop_id, deadline)
-            outcome = decide(h)
+            h = unread if unread is not None else await self._history(loop_id, deadline)
+            try:
+                outcome = decide(h)
+            except WireError:
+                if unread is None:
+                    raise
+                outcome = Outcome()  # refused on an unread fold: read it and decide again
             if not outcome.events:
+                if unread is not None:
+                    unread = None
+                    continue
                 return outcome.seq, outcome.signal_work
             events = _stamp(outcome.events, loop_id, verb, command_id)
             try:
@@ -235,12 +271,17 @@ class LoopApi:
             try:
                 seqs = await self._appender.append(loop_id, h.last_seq, payloads, [e.event_id for e in events])
             except WireError as e:
-                if e.kind is not ErrorKind.CONFLICT or loop.time() > deadline:
+                # A taken event id: this very command was stored already (by another committer, or
+                # before a restart); the history shows it as a repeat.
+                if not (e.kind is ErrorKind.CONFLICT or isinstance(e, EventIdTaken)) or loop.time() > deadline:
                     raise
                 log.debug("%s on %s raced another write (%s); reading the tail again", verb, loop_id, e)
+                unread = None
                 continue
             for event, seq in zip(events, seqs, strict=True):
                 h.apply(event, seq)
+            # A fold that gets a work signal now may be followed by a drive's records.
+            self._cache.put(loop_id, h, quiet=not outcome.signal_work)
             await self._notify_driver(loop_id, payloads)
             return seqs[-1], outcome.signal_work
 

@@ -43,6 +43,21 @@ _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 0.5
 
 
+class EventIdTaken(WireError):
+    """An event id of the append is already stored with other content: a reused id, or a loop-API
+    command repeated after it was stored (its derived ids are the same, its timestamp is not)."""
+
+    def __init__(self, msg_id: str, seq: int, index: int | None = None) -> None:
+        where = {} if index is None else {"index": index}
+        super().__init__(
+            ErrorKind.INVALID,
+            f"event_id {msg_id} is already stored (seq {seq}) with different content",
+            field="event_id",
+            rule="is invalid",
+            **where,
+        )
+
+
 class Appender:
     """Appends records to ``<prefix>.hist.<loop_id>``; stateless (OCC is the fence)."""
 
@@ -127,12 +142,7 @@ class Appender:
         """A de-duplicated publish: make sure the stored record is this very event (not an id reuse)."""
         stored = await get_msg(self._nc, stream, seq=seq, request_timeout=request_timeout)
         if stored is not None and stored.msg_id == msg_id and stored.data != payload:
-            raise WireError(
-                ErrorKind.INVALID,
-                f"event_id {msg_id} is already stored (seq {seq}) with different content",
-                field="event_id",
-                rule="is invalid",
-            )
+            raise EventIdTaken(msg_id, seq)
 
     async def _resolve(
         self,
@@ -155,13 +165,7 @@ class Appender:
                 # A prefix of a batch cannot be stored alone; anything else is corruption.
                 raise WireError(ErrorKind.UNAVAILABLE, f"history of {subject} holds a partial append at {at}")
             if m.data != payloads[k]:
-                raise WireError(
-                    ErrorKind.INVALID,
-                    f"event_id {mid} is already stored (seq {m.seq}) with different content",
-                    field="event_id",
-                    rule="is invalid",
-                    index=k,
-                )
+                raise EventIdTaken(mid, m.seq, k)
             seqs.append(m.seq)
             at = m.seq + 1
         if seqs:

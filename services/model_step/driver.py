@@ -48,7 +48,7 @@ from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live
-from shared.content import AIMessage, Message, ToolResultMessage, clone, clone_messages
+from shared.content import AIMessage, Message, ToolResultMessage, clone
 from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
 from shared.errors import StepAbandoned as StepAbandoned
@@ -85,9 +85,6 @@ class LoopDriver:
     # Step plans and tool-call records (None: not recorded, e.g. tests of the driver alone).
     results: ResultStore | None = None
     cache: dict[str, LoopHistory] = field(default_factory=dict)
-    # Per loop: (the fold it was made from, its message count, private copies of its messages) — the
-    # model's view, extended by the new messages only instead of cloning the whole history every step.
-    _views: dict[str, tuple[LoopHistory, int, list[Message]]] = field(default_factory=dict)
     # Per loop being driven: event ids this driver offered, and whether a record of another writer
     # (the loop API: input, interrupt, answer, close) showed up on the live history subject.
     _own: dict[str, set[str]] = field(default_factory=dict)
@@ -189,7 +186,6 @@ class LoopDriver:
             await sub.unsubscribe()
             self._own.pop(loop_id, None)
             self._foreign.pop(loop_id, None)
-            self._views.pop(loop_id, None)
             self._fork_sources.pop(loop_id, None)
         return h
 
@@ -222,7 +218,9 @@ class LoopDriver:
         return True
 
     async def _load(self, loop_id: str) -> LoopHistory:
-        h = await load(self.nc, self.settings.names, loop_id, self.cache.get(loop_id))
+        h = await load(
+            self.nc, self.settings.names, loop_id, self.cache.get(loop_id), consistent=self.settings.leader_reads
+        )
         self.cache[loop_id] = h
         return h
 
@@ -283,9 +281,10 @@ class LoopDriver:
                 await self.outbox.flush(h.loop_id)  # a step's live events go out before it is committed
                 try:
                     with tracing.commit(self.settings.names.history_stream, h.loop_id, len(events)) as span:
-                        # Every tool_use input here was checked by the sanitiser or decoded from the history.
+                        # Validated once, by the committer: an invalid event is refused there (a bug
+                        # of this driver either way), and the same checks here cost every step.
                         result = await self.commits.commit(
-                            h.loop_id, expected, events, max_record_bytes=self._max_record, inputs_checked=True
+                            h.loop_id, expected, events, max_record_bytes=self._max_record, validate=False
                         )
                         span.set_attribute(telemetry.LW_STREAM_SEQ, result.last_seq)
                 except ConflictError:
@@ -381,7 +380,7 @@ class LoopDriver:
         request = ModelRequest(
             model=model.model,
             system=h.config.system,
-            messages=self._model_view(h),
+            messages=list(h.messages),  # the fold's own messages: adapters only read them
             tools=self._tool_defs(h),
             max_tokens=h.config.limits.max_tokens,
         )
@@ -502,25 +501,6 @@ class LoopDriver:
         tracing.gate_event("gate.resolved", g.gate.id, g.gate.kind, g.gate.tool_name, effect=effect)
         # Calls of this step may have been sent before the gate's answer came (a re-run after a stop).
         await self._authorise_and_run(h, t, g.step_id, resumed, rerun=True)
-
-    def _model_view(self, h: LoopHistory) -> list[Message]:
-        """Private copies of the history's messages for the model (the fold is never shared with it).
-
-        Copies made for earlier steps are reused; only the messages added since are cloned (one bulk
-        msgspec round trip), so a step costs O(new messages), not O(history). The list itself is new
-        on every call.
-        """
-        cached = self._views.get(h.loop_id)
-        if cached is None or cached[0] is not h or cached[1] > len(h.messages):
-            view: list[Message] = []
-            count = 0
-        else:
-            _, count, view = cached
-        if count < len(h.messages):
-            view = view + (clone_messages(h.messages[count:]) or [])
-            count = len(h.messages)
-        self._views[h.loop_id] = (h, count, view)
-        return list(view)
 
     def _tool_defs(self, h: LoopHistory) -> list[ToolDef]:
         out = []

@@ -237,7 +237,9 @@ class ModelStepService:
         deadline = anyio.current_time() + LOOK_AGAIN_SECONDS
         while True:
             try:
-                h = await load(nc, names, loop_id, self._driver.cache.get(loop_id))
+                h = await load(
+                    nc, names, loop_id, self._driver.cache.get(loop_id), consistent=self.settings.leader_reads
+                )
                 if next_action(h).action is not Action.NONE:
                     await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
@@ -296,16 +298,17 @@ class ModelStepService:
         if lease is None:
             await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
-        acked = False
+        acked = at_rest = False
         try:
             async with anyio.create_task_group() as tg:
                 lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
                 tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
                 try:
-                    await self._driver.drive(loop_id, lease)
+                    h = await self._driver.drive(loop_id, lease)
                     # Only the holder acks: after a lost lease the item may already be another replica's.
                     lease.check()
                     await msg.ack()
+                    at_rest = next_action(h).action is Action.NONE
                     acked = True
                 except LeaseLost:
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)
@@ -319,8 +322,13 @@ class ModelStepService:
                     # The signals noted so far were published before this look: it sees their work.
                     handling.finishing = True
                     noted = handling.noted
-                    await self._look_again(loop_id)
-                    await self._drop_signals(loop_id, noted)
+                    # A drive that ended at rest with no signal noted needs no look: a record its fold
+                    # lacks can only come from a command (the loop API), whose signal is then still
+                    # pending — it replaced our item if it came first, and acking our item leaves it —
+                    # so it is delivered like any other.
+                    if noted or not at_rest:
+                        await self._look_again(loop_id)
+                        await self._drop_signals(loop_id, noted)
         finally:
             leases.forget(lease)
             with anyio.CancelScope(shield=True):

@@ -37,7 +37,6 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.nuid import NUID
 
 from services.tools import protocol as p
 from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
@@ -112,14 +111,22 @@ class _Replies:
     async def get(self, timeout: float) -> Msg | None:
         """The next reply, or None when none comes within ``timeout`` seconds."""
         if not self._msgs:
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _wake, waiter)  # one timer: cheaper than wait_for
             try:
-                await asyncio.wait_for(self._waiter, timeout)
-            except TimeoutError:
-                return None
+                await waiter
             finally:
+                timer.cancel()
                 self._waiter = None
+            if not self._msgs:
+                return None
         return self._msgs.popleft()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ToolClient:
@@ -143,7 +150,7 @@ class ToolClient:
         self._inbox = ""
         self._sub: Subscription | None = None
         self._pending: dict[str, _Replies] = {}
-        self._nuid = NUID()
+        self._calls = 0  # reply tokens: unique under this client's own inbox
         self._lock = anyio.Lock()
 
     async def start(self) -> None:
@@ -199,7 +206,8 @@ class ToolClient:
         ``no_record``: nobody will read this call's record (see ``Lw-No-Record``).
         """
         await self.start()
-        token = self._nuid.next().decode()
+        self._calls += 1
+        token = str(self._calls)
         reply = f"{self._inbox}.{token}"
         replies = self._pending[token] = _Replies()
         deadline = time.time() + timeout

@@ -9,8 +9,11 @@ import anyio
 import msgspec
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
-from shared.bus import ensure_work_stream
+from services.committer.api import LoopApi
+from services.committer.appender import Appender
+from shared.bus import ensure_all, ensure_work_stream
 from shared.client import CommitClient, LoopClient
 from shared.content import user_text
 from shared.events import (
@@ -28,8 +31,19 @@ from shared.events import (
     make,
 )
 from shared.history import LoopHistory, load, replay
-from shared.protocol import ApiReply, ClosedError, ConflictError, InvalidRequestError, NotFoundError, UnavailableError
+from shared.protocol import (
+    ApiReply,
+    ClosedError,
+    ConflictError,
+    InputRequest,
+    InvalidRequestError,
+    NotFoundError,
+    StartRequest,
+    UnavailableError,
+    encode,
+)
 from shared.settings import Settings
+from shared.subjects import Verb, js_api
 from tests.integration.committer_fixtures import new_id, running_committer
 
 pytestmark = pytest.mark.anyio
@@ -316,3 +330,62 @@ async def test_api_reads_the_tail_before_deciding(committer: Settings, nc: NATS,
     last = (await events(nc, committer, loop.loop_id))[-1]
     assert isinstance(last, TurnInterrupted) and last.turn_id == started.turn_id
     assert res.seq == (await history(nc, committer, loop.loop_id)).last_seq
+
+
+def _api_of(nc: NATS, settings: Settings) -> LoopApi:
+    """A loop API with a fold cache of its own (what a second committer process has)."""
+    return LoopApi(nc, settings, Appender(nc, settings.names, retry_seconds=5))
+
+
+async def _command(api: LoopApi, settings: Settings, loop_id: str, verb: Verb, req: msgspec.Struct) -> ApiReply:
+    return msgspec.json.decode(await api.handle(settings.names.api(loop_id, verb), encode(req)), type=ApiReply)
+
+
+async def test_commands_decided_without_a_read_still_see_what_other_committers_stored(
+    nc: NATS, settings: Settings
+) -> None:
+    # A start of a loop a committer does not know, and a command on a fold it wrote last itself, are
+    # decided without reading the history first. What another committer stored meanwhile — a repeat
+    # of this very command included — is still found: the append's expected sequence fails, or the
+    # command's derived event id is taken, and the command is decided again on the read history.
+    await ensure_all(nc.jetstream(timeout=T), settings)
+    a, b = _api_of(nc, settings), _api_of(nc, settings)
+    loop_id, start_id, input_id = new_id(), new_id(), new_id()
+    start = StartRequest(command_id=start_id)
+    started = await _command(a, settings, loop_id, "start", start)
+    assert started.ok and started.seq
+    # b stores an input behind a's back; a gets the same command (a client's retry, say).
+    first = await _command(b, settings, loop_id, "input", InputRequest(command_id=input_id, text="hi"))
+    again = await _command(a, settings, loop_id, "input", InputRequest(command_id=input_id, text="hi"))
+    assert first.ok and again.ok and again.seq == first.seq
+    # A repeated start reaching a committer that never saw the loop answers its first seq.
+    for api in (b, _api_of(nc, settings)):
+        repeat = await _command(api, settings, loop_id, "start", start)
+        assert repeat.ok and repeat.seq == started.seq, repeat
+    refused = await _command(_api_of(nc, settings), settings, loop_id, "start", StartRequest(command_id=new_id()))
+    assert not refused.ok and refused.error is not None and refused.error.kind == "conflict"
+    # a's fold is behind b's input: its next input is appended after it all the same.
+    second = await _command(a, settings, loop_id, "input", InputRequest(command_id=new_id(), text="more"))
+    assert second.ok and second.seq is not None and first.seq is not None and second.seq > first.seq
+    kinds = [type(e).__name__ for e in await events(nc, settings, loop_id)]
+    assert kinds == ["LoopStarted", "InputSubmitted", "InputSubmitted"]
+
+
+async def test_a_loop_s_start_and_first_input_read_no_history(committer: Settings, nc: NATS, api: LoopClient) -> None:
+    reads: list[str] = []
+
+    async def tap(msg: Msg) -> None:
+        reads.append(msg.subject)
+
+    gets = [
+        await nc.subscribe(js_api(kind, committer.names.history_stream), cb=tap)
+        for kind in ("STREAM.MSG.GET", "DIRECT.GET")
+    ]
+    await nc.flush()
+    loop = await api.start()
+    await api.input(loop.loop_id, "hello")
+    await nc.flush()
+    for sub in gets:
+        await sub.unsubscribe()
+    assert reads == []
+    assert [type(e).__name__ for e in await events(nc, committer, loop.loop_id)] == ["LoopStarted", "InputSubmitted"]

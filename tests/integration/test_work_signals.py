@@ -5,6 +5,8 @@ is signalled again."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -52,6 +54,18 @@ async def test_a_purge_keeps_a_signal_published_after_the_sequence_it_names(sett
     assert await _pending(nc, settings, b) > 0  # another loop's signal is untouched
 
 
+@asynccontextmanager
+async def _started_loop(settings: Settings, nc: NATS, model: str) -> AsyncIterator[tuple[LoopClient, str]]:
+    """A committer and a model-step serving in this process, and a loop of ``model`` started."""
+    async with running_committer(settings), anyio.create_task_group() as tg:
+        await tg.start(ModelStepService(settings).run)
+        lc = LoopClient(nc, settings.names)
+        loop_id = new_id()
+        await lc.start(loop_id, model=model)
+        yield lc, loop_id
+        tg.cancel_scope.cancel()
+
+
 async def test_a_drive_s_last_look_runs_to_its_end_when_the_lease_is_lost_meanwhile(
     settings: Settings, nc: NATS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,21 +85,43 @@ async def test_a_drive_s_last_look_runs_to_its_end_when_the_lease_is_lost_meanwh
         looks["finished"] += 1
 
     monkeypatch.setattr(ModelStepService, "_look_again", look_after_losing_the_lease)
-    model = write_script(tmp_path, ["one", "two"])
-    async with running_committer(settings), anyio.create_task_group() as tg:
-        await tg.start(ModelStepService(settings).run)
-        lc = LoopClient(nc, settings.names)
-        loop_id = new_id()
-        await lc.start(loop_id, model=model)
+    # The first answer takes a second: the second input comes in during the drive, and its signal
+    # reaches the replica driving the loop (noted), which then looks again once the drive is done.
+    model = write_script(tmp_path, [[{"sleep": 1.0}, {"kind": "text", "text": "one"}], "two", "three"])
+    async with _started_loop(settings, nc, model) as (lc, loop_id):
         await lc.input(loop_id, "first")
-        await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 1, timeout=15)
+        await wait_history(nc, settings, loop_id, lambda h: h.open_turn is not None, timeout=15)
+        await lc.input(loop_id, "second")
+        await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 2, timeout=15)
         with anyio.fail_after(10):
             while looks["finished"] == 0:
                 await anyio.sleep(0.05)
-        await lc.input(loop_id, "second")  # and the loop goes on as before
+        await lc.input(loop_id, "third")  # and the loop goes on as before
+        h = await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 3, timeout=15)
+        assert [text_of(m) for m in h.messages if isinstance(m, AIMessage)] == ["one", "two", "three"]
+
+
+async def test_a_drive_that_ends_at_rest_with_no_signal_noted_does_not_look_again(
+    settings: Settings, nc: NATS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every record such a drive's fold can lack came with a work signal of its own, still pending:
+    # the loop's next input is driven without a last look in between.
+    looks = {"n": 0}
+    last_look = ModelStepService._look_again
+
+    async def counted(self: ModelStepService, loop_id: str) -> None:
+        looks["n"] += 1
+        await last_look(self, loop_id)
+
+    monkeypatch.setattr(ModelStepService, "_look_again", counted)
+    model = write_script(tmp_path, ["one", "two"])
+    async with _started_loop(settings, nc, model) as (lc, loop_id):
+        await lc.input(loop_id, "first")
+        await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 1, timeout=15)
+        await lc.input(loop_id, "second")
         h = await wait_history(nc, settings, loop_id, lambda h: h.idle and h.turns == 2, timeout=15)
         assert [text_of(m) for m in h.messages if isinstance(m, AIMessage)] == ["one", "two"]
-        tg.cancel_scope.cancel()
+        assert looks["n"] == 0
 
 
 async def test_lost_items_are_the_delivered_ones_the_consumer_no_longer_counts(settings: Settings, nc: NATS) -> None:

@@ -88,9 +88,11 @@ class ModelRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     ``model`` is the provider's model name (the part after ``openai:`` / ``anthropic:``).
     ``messages`` is the full history: user messages, assistant messages with tool_use blocks and
-    the tool results. ``max_tokens`` 0 = the provider's default. ``timeout_seconds`` bounds the
-    connection, the wait for the response headers and every gap between received bytes (not the
-    whole generation, which may legitimately be long).
+    the tool results. They are the loop's folded history itself, not copies (a copy per step cost
+    more than the rest of building the request): an adapter reads them and never changes them.
+    ``max_tokens`` 0 = the provider's default. ``timeout_seconds`` bounds the connection, the wait
+    for the response headers and every gap between received bytes (not the whole generation, which
+    may legitimately be long).
     """
 
     model: str = ""

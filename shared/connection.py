@@ -1,0 +1,152 @@
+"""The NATS client loopwire connects with, and request/reply with one reply inbox per connection.
+
+:class:`Connection` is nats-py's ``Client`` with a cheaper message-header block in both directions:
+the same header lines on the wire and the same dict out of them, built and parsed with a few
+string operations per header instead of nats-py's per-header regex match, strips, translations
+and bytearray extends, and its per-character whitespace scan of every received name. A tool call
+carries ten headers; measured with nats-py 2.16 (the pinned version), publishing and receiving one
+such message cost 32 µs against 5 µs without headers, and about 8 µs with this client.
+
+:func:`request` is ``Client.request`` without its per-request work that a busy service pays on
+every commit: a NUID and random bytes for the reply token (here a counter), and ``asyncio.wait_for``
+(here one timer). Replies come to one wildcard inbox subscription per connection, made on first
+use. It raises what ``Client.request`` raises (``nats.errors.TimeoutError``,
+``NoRespondersError``), so callers handle both alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import weakref
+from collections.abc import Mapping
+from typing import Any, Final
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.protocol import command
+
+from shared.subjects import H_STATUS
+
+_HDR_LINE: Final = b"NATS/1.0\r\n"
+_CRLF: Final = b"\r\n"
+# A header name nats-py accepts (an RFC 7230 token).
+_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# What str.isspace() finds in an ASCII name: nats-py drops such a received header.
+_SPACE_IN_NAME: Final = re.compile(rb"[\t\n\x0b\x0c\r\x1c-\x1f ]")
+_NO_RESPONDERS: Final = "503"
+
+
+class Connection(Client):
+    """nats-py's client with a cheaper header block (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # "Name: " for every name sent so far (services send a handful of names, over and over).
+        self._names: dict[str, bytes] = {}
+
+    def _header_block(self, headers: Mapping[str, Any]) -> bytes:
+        parts = [_HDR_LINE]
+        for k, v in headers.items():
+            prefix = self._names.get(k)
+            if prefix is None:
+                key = k.strip()
+                if not key:
+                    continue  # nats-py skips an empty name
+                if not _NAME.fullmatch(key):
+                    raise nats.errors.BadHeaderError(key)
+                prefix = self._names[k] = key.encode() + b": "
+            value = v.strip()
+            if "\r" in value or "\n" in value:
+                # A value can never end the header line: CR and LF become spaces, as nats-py does.
+                value = value.replace("\r", " ").replace("\n", " ")
+            parts.append(prefix + value.encode() + _CRLF)
+        parts.append(_CRLF)
+        return b"".join(parts)
+
+    async def _send_publish(
+        self, subject: str, reply: str, payload: bytes, payload_size: int, headers: Mapping[str, Any] | None
+    ) -> None:
+        if headers is None:
+            await super()._send_publish(subject, reply, payload, payload_size, None)
+            return
+        if subject == "":
+            raise nats.errors.BadSubjectError
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(command.hpub_cmd(subject, reply, self._header_block(headers), payload))
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        # What nats-py's parser returns for the same lines: names stripped and ASCII without
+        # whitespace (others are dropped), values stripped and decoded with replacement.
+        out: dict[str, str] = {}
+        for line in raw.split(_CRLF):
+            name, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            name = name.strip()
+            if not name.isascii() or _SPACE_IN_NAME.search(name):
+                continue
+            out[name.decode()] = value.strip().decode("utf-8", "replace")
+        return out
+
+
+class _Inbox:
+    """The replies of one connection's requests: one wildcard subscription, a future per request."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox() + "."
+        self.waiting: dict[str, asyncio.Future[Msg]] = {}
+        self.started = False
+        self.count = 0
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        async with self._lock:
+            if not self.started:
+                await self.nc.subscribe(self.prefix + "*", cb=self._on_reply)
+                self.started = True
+
+    async def _on_reply(self, msg: Msg) -> None:
+        waiter = self.waiting.pop(msg.subject[len(self.prefix) :], None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(msg)
+
+
+_inboxes: weakref.WeakKeyDictionary[Client, _Inbox] = weakref.WeakKeyDictionary()
+
+
+def _expire(waiter: asyncio.Future[Msg]) -> None:
+    if not waiter.done():
+        waiter.set_exception(nats.errors.TimeoutError)
+
+
+async def request(
+    nc: Client, subject: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+) -> Msg:
+    """One request and its first reply, like ``nc.request`` (see the module docstring)."""
+    inbox = _inboxes.get(nc)
+    if inbox is None:
+        inbox = _inboxes[nc] = _Inbox(nc)
+    if not inbox.started:
+        await inbox.start()
+    inbox.count += 1
+    token = str(inbox.count)
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Msg] = loop.create_future()
+    inbox.waiting[token] = waiter
+    timer = loop.call_later(timeout, _expire, waiter)
+    try:
+        await nc.publish(subject, payload, reply=inbox.prefix + token, headers=dict(headers) if headers else None)
+        msg = await waiter
+    finally:
+        timer.cancel()
+        inbox.waiting.pop(token, None)
+    if msg.headers and msg.headers.get(H_STATUS) == _NO_RESPONDERS:
+        raise nats.errors.NoRespondersError
+    return msg

@@ -1,0 +1,107 @@
+"""shared.connection against a real server: headers arrive as nats-py's own client sends them, and
+request() answers, times out and reports no responders like Client.request."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import anyio
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared.bus import connect
+from shared.connection import Connection, request
+from shared.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+TRICKY: list[dict[str, str]] = [
+    {},
+    {"Lw-Loop-Id": "9b00269b-4ea3-4a9d-84e6-af3286effdf7", "Lw-Deadline": "1764748800000"},
+    {" Padded ": "  value with spaces  ", "Tab": "\tx\t"},
+    {"Multi": "line\r\nbreak\rand\nmore", "Only-Cr": "\r", "Empty": ""},
+    {"Unicode": "héllo ✓ 日本", "": "skipped", "  ": "skipped too"},
+    {"Colon": "a: b: c", "Dup-Case": "1", "dup-case": "2"},
+]
+
+
+def _random_headers(rng: random.Random) -> dict[str, str]:
+    name_chars = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
+    value_chars = string.printable + "é✓\x00"
+    return {
+        "".join(rng.choices(name_chars, k=rng.randint(1, 12))): "".join(rng.choices(value_chars, k=rng.randint(0, 30)))
+        for _ in range(rng.randint(1, 6))
+    }
+
+
+async def test_headers_arrive_as_nats_py_sends_them(settings: Settings) -> None:
+    plain = await nats.connect(settings.nats_urls[0])
+    ours = await connect(settings)
+    assert isinstance(ours, Connection)
+    got: dict[str, list[dict[str, str] | None]] = {"plain": [], "ours": []}
+
+    async def on(msg: Msg) -> None:
+        got[msg.subject.rsplit(".", 1)[-1]].append(msg.headers)
+
+    sub = await plain.subscribe(f"{settings.prefix}.hdr.*", cb=on)
+    await plain.flush()  # the subscription is known to the server before the other connection publishes
+    rng = random.Random(7)
+    cases = TRICKY + [_random_headers(rng) for _ in range(200)]
+    try:
+        for h in cases:
+            await plain.publish(f"{settings.prefix}.hdr.plain", b"x", headers=h or None)
+            await ours.publish(f"{settings.prefix}.hdr.ours", b"x", headers=h or None)
+        for bad in ({"Bad Name": "v"}, {"Bad:Name": "v"}, {"Bäd": "v"}):
+            for client in (plain, ours):
+                with pytest.raises(nats.errors.BadHeaderError):
+                    await client.publish(f"{settings.prefix}.hdr.never", b"x", headers=bad)
+        await plain.flush()
+        await ours.flush()
+        with anyio.fail_after(10):
+            while len(got["ours"]) < len(cases) or len(got["plain"]) < len(cases):
+                await anyio.sleep(0.02)
+        assert got["ours"] == got["plain"]
+    finally:
+        await sub.unsubscribe()
+        await plain.close()
+        await ours.close()
+
+
+async def test_request_answers_times_out_and_reports_no_responders(settings: Settings) -> None:
+    responder: Client = await connect(settings)
+    caller: Client = await nats.connect(settings.nats_urls[0])  # any nats-py client will do
+    subject = f"{settings.prefix}.svc"
+
+    async def echo(msg: Msg) -> None:
+        if msg.data == b"silent":
+            return
+        await anyio.sleep(0.05 if msg.data.endswith(b"0") else 0)  # later requests overtake earlier ones
+        await msg.respond(msg.data + b"!" + (msg.headers or {}).get("H", "").encode())
+
+    await responder.subscribe(subject, cb=echo)
+    await responder.flush()
+    try:
+        replies: dict[int, bytes] = {}
+
+        async def one(i: int) -> None:
+            replies[i] = (await request(caller, subject, str(i).encode(), timeout=5, headers={"H": f"h{i}"})).data
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(one, i)
+        assert replies == {i: f"{i}!h{i}".encode() for i in range(40)}
+
+        with pytest.raises(nats.errors.TimeoutError):
+            await request(caller, subject, b"silent", timeout=0.2)
+        with pytest.raises(nats.errors.NoRespondersError):
+            await request(caller, f"{settings.prefix}.nobody", b"x", timeout=5)
+        with anyio.move_on_after(0.1):  # a cancelled request leaves nothing waiting behind
+            await request(caller, subject, b"silent", timeout=5)
+        assert (await request(caller, subject, b"after", timeout=5)).data == b"after!"
+    finally:
+        await responder.close()
+        await caller.close()
