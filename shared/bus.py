@@ -497,6 +497,10 @@ async def request_with_grace(
     No responder received the message, so resending is always safe; a service that just started (or
     a stream that just elected its leader) may not have its interest known to our server yet.
     """
+    try:
+        return await request(nc, subject, payload, timeout=timeout, headers=headers)
+    except nats.errors.NoRespondersError:
+        pass  # rare: only then the retry loop (the usual request is not wrapped in one)
     return await retry(
         lambda: request(nc, subject, payload, timeout=timeout, headers=headers),
         on=nats.errors.NoRespondersError,

@@ -10,7 +10,7 @@ de-duplicated by event id and loop-API commands by command id.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -112,7 +112,7 @@ class CommitClient:
         self._names = names
         self._timeout = timeout
 
-    async def commit(
+    def commit(
         self,
         loop_id: str,
         expected_last_seq: int,
@@ -120,7 +120,7 @@ class CommitClient:
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         validate: bool = True,
-    ) -> CommitResult:
+    ) -> Awaitable[CommitResult]:
         """Append ``events`` (all or none) right after ``expected_last_seq`` (0 for a new loop).
 
         Events are encoded (and so validated) here first: an invalid one raises
@@ -128,11 +128,9 @@ class CommitClient:
         committer's validation is the only one (it validates every event it stores), and an invalid
         event comes back as an :class:`~shared.protocol.InvalidRequestError` reply instead.
         """
-        return await self.commit_raw(
-            loop_id,
-            expected_last_seq,
-            [encode_event(e, max_bytes=max_record_bytes, validate=validate) for e in events],
-        )
+        # Encoded now (a bad event raises at the call), sent by commit_raw's own coroutine.
+        envelopes = [encode_event(e, max_bytes=max_record_bytes, validate=validate) for e in events]
+        return self.commit_raw(loop_id, expected_last_seq, envelopes)
 
     async def commit_raw(self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes]) -> CommitResult:
         """Like :meth:`commit` with already-encoded envelopes (each one JSON object), unchecked."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Final
 
@@ -163,22 +163,28 @@ class LoopDriver:
         turn_trace = tracing.TurnTrace()
         try:
             h = await self._refresh(loop_id)
-            for _ in range(10_000):  # a bound, not a budget: each pass commits something
-                nxt = next_action(h)
-                if nxt.action is Action.NONE:
-                    break
+            passes = 0  # a bound, not a budget: each pass commits something
+            while passes < 10_000:
+                # One cancel scope for the passes until an interrupt cancels it (then the drive reads
+                # the history and goes on in a new one): a scope per pass cost every step its setup.
                 with anyio.CancelScope() as scope:
                     interrupted["step"] = scope
-                    self._basis[loop_id] = h.last_seq  # the step's inputs are read from this fold
-                    try:
-                        with turn_trace.advance(h, nxt.action is Action.START_TURN):
-                            await self._advance(h, nxt.action, nxt.gate)
-                    except StepAbandoned as e:
-                        log.info("loop %s: step abandoned (%s)", loop_id, e)
-                    except CommitRefused as e:
-                        log.error("loop %s: commit refused: %s", loop_id, e)
-                        if not await self._fail_after_refusal(loop_id, str(e)):
-                            break
+                    while passes < 10_000:
+                        nxt = next_action(h)
+                        if nxt.action is Action.NONE:
+                            return h
+                        passes += 1
+                        self._basis[loop_id] = h.last_seq  # the step's inputs are read from this fold
+                        try:
+                            with turn_trace.advance(h, nxt.action is Action.START_TURN):
+                                await self._advance(h, nxt.action, nxt.gate)
+                        except StepAbandoned as e:
+                            log.info("loop %s: step abandoned (%s)", loop_id, e)
+                        except CommitRefused as e:
+                            log.error("loop %s: commit refused: %s", loop_id, e)
+                            if not await self._fail_after_refusal(loop_id, str(e)):
+                                return h
+                        h = await self._refresh(loop_id)
                 interrupted.clear()
                 h = await self._refresh(loop_id)
         finally:
@@ -224,7 +230,9 @@ class LoopDriver:
         self.cache[loop_id] = h
         return h
 
-    async def _advance(self, h: LoopHistory, action: Action, gate: GateState | None) -> None:
+    def _advance(self, h: LoopHistory, action: Action, gate: GateState | None) -> Awaitable[None]:
+        """The action's own coroutine (not one awaiting it: the step's every resumption passes
+        through each coroutine frame of its chain)."""
         if action is Action.START_TURN:
             inp = h.pending_inputs[0]
             assert inp.cause is not None
@@ -238,16 +246,15 @@ class LoopDriver:
                 cause=Cause(command_id=inp.cause.command_id, event_id=inp.event_id),
                 traceparent=telemetry.traceparent(),
             )
-            await self._commit(h, lambda _h: [ts])
-        elif action is Action.IDLE:
-            await self._commit(h, lambda _h: [make(ev.LoopIdle, loop_id=h.loop_id)])
-        elif action is Action.RUN_STEP:
-            await self._run_step(h)
-        elif action is Action.FINISH_TURN:
-            await self._end_turn(h)
-        elif action is Action.RESUME_GATE:
-            assert gate is not None
-            await self._resume(h, gate)
+            return self._commit(h, lambda _h: [ts])
+        if action is Action.IDLE:
+            return self._commit(h, lambda _h: [make(ev.LoopIdle, loop_id=h.loop_id)])
+        if action is Action.RUN_STEP:
+            return self._run_step(h)
+        if action is Action.FINISH_TURN:
+            return self._end_turn(h)
+        assert action is Action.RESUME_GATE and gate is not None
+        return self._resume(h, gate)
 
     # --- commits ----------------------------------------------------------------------------------
 
@@ -768,7 +775,7 @@ class LoopDriver:
 
         await self._commit(h, build)
 
-    async def _commit_tool_step(
+    def _commit_tool_step(
         self,
         h: LoopHistory,
         t: OpenTurn,
@@ -776,7 +783,7 @@ class LoopDriver:
         stored: AIMessage,
         planned: list[PlannedCall],
         results: list[ToolResultMessage],
-    ) -> None:
+    ) -> Awaitable[None]:
         decisions = [p.permission_event for p in planned if p.permission_event is not None]
 
         def build(cur: LoopHistory) -> list[Event] | None:
@@ -793,7 +800,7 @@ class LoopDriver:
             ]
             return [*decisions, self._step_done(cur, t, step_id, [stored, *results]), *folds]
 
-        await self._commit(h, build)
+        return self._commit(h, build)
 
 
 def _with_decision(s: ev.SuspendedStep, decision: ev.Decision) -> ev.SuspendedStep:

@@ -39,6 +39,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.tools import protocol as p
+from shared.connection import subscribe_replies
 from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
 
 log = logging.getLogger("loopwire.tools.client")
@@ -159,7 +160,7 @@ class ToolClient:
         async with self._lock:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
-                self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+                self._sub = await subscribe_replies(self.nc, f"{self._inbox}.*", self._on_reply)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -174,7 +175,7 @@ class ToolClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rsplit(".", 1)[-1]
         replies = self._pending.get(token)
         if replies is not None:

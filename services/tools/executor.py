@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -309,9 +309,10 @@ async def run_batch(
             await run_one(item)
 
     parallel = [it for it in runnable if it.spec is None or not it.spec.sequential]
-    if len(parallel) == 1:  # the usual step: one call, no task group to run it in
-        await run_one(parallel[0])
-        parallel = []
+    if len(parallel) <= 1:  # the usual step: one call, no task group to run it in
+        if parallel:
+            await run_one(parallel[0])
+        return _results(items, fit)
 
     limiter = anyio.CapacityLimiter(max(1, max_parallel))
     last_of_key: dict[str, anyio.Event] = {}
@@ -326,8 +327,6 @@ async def run_batch(
             if done is not None:
                 done.set()
 
-    if not parallel:
-        return _results(items, fit)
     async with anyio.create_task_group() as tg:
         for item in parallel:
             after = done = None
@@ -409,7 +408,7 @@ class Executor:
         self.client = client or cl.ToolClient(nc, names, heartbeat_seconds=settings.heartbeat_seconds)
         self.publish = publish or live_publisher(nc, names)
 
-    async def __call__(
+    def __call__(
         self,
         *,
         loop_id: str,
@@ -422,9 +421,11 @@ class Executor:
         fence: Fence | None = None,
         retries: Mapping[str, RetryPolicy] | None = None,
         fit: RecordFit | None = None,
-    ) -> list[ToolResultMessage]:
+    ) -> Awaitable[list[ToolResultMessage]]:
+        # The batch's own coroutine, not one awaiting it: every resumption of the step passes
+        # through each coroutine frame of its chain.
         lim = limits or Limits()
-        return await run_batch(
+        return run_batch(
             planned,
             loop_id=loop_id,
             turn_id=turn_id,

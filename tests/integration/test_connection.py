@@ -71,9 +71,12 @@ async def test_headers_arrive_as_nats_py_sends_them(settings: Settings) -> None:
         await ours.close()
 
 
-async def test_request_answers_times_out_and_reports_no_responders(settings: Settings) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["connection", "plain-nats-py"])
+async def test_request_answers_times_out_and_reports_no_responders(settings: Settings, direct: bool) -> None:
+    # Replies go straight from the read loop on a Connection, through a callback task on any
+    # other nats-py client: the same answers either way.
     responder: Client = await connect(settings)
-    caller: Client = await nats.connect(settings.nats_urls[0])  # any nats-py client will do
+    caller: Client = await connect(settings) if direct else await nats.connect(settings.nats_urls[0])
     subject = f"{settings.prefix}.svc"
 
     async def echo(msg: Msg) -> None:
@@ -105,3 +108,32 @@ async def test_request_answers_times_out_and_reports_no_responders(settings: Set
     finally:
         await responder.close()
         await caller.close()
+
+
+async def test_a_direct_subscription_takes_messages_in_order_until_unsubscribed(settings: Settings) -> None:
+    conn = await connect(settings)
+    assert isinstance(conn, Connection)
+    got: list[bytes] = []
+    sub = await conn.subscribe_direct(f"{settings.prefix}.direct", lambda m: got.append(m.data))
+    other: list[bytes] = []
+
+    async def on_other(msg: Msg) -> None:
+        other.append(msg.data)
+
+    await conn.subscribe(f"{settings.prefix}.other", cb=on_other)
+    try:
+        for i in range(100):
+            await conn.publish(f"{settings.prefix}.direct", str(i).encode(), headers={"N": str(i)} if i % 2 else None)
+            await conn.publish(f"{settings.prefix}.other", str(i).encode())
+        await conn.flush()
+        with anyio.fail_after(5):
+            while len(got) < 100 or len(other) < 100:
+                await anyio.sleep(0.01)
+        assert got == [str(i).encode() for i in range(100)]
+        await sub.unsubscribe()
+        await conn.publish(f"{settings.prefix}.direct", b"late")
+        await conn.flush()
+        await anyio.sleep(0.1)
+        assert got[-1] == b"99" and len(other) == 100
+    finally:
+        await conn.close()
