@@ -89,11 +89,12 @@ def encode_event(
 # valid UTF-8 and JSON, struct keys exact, distinct and case-insensitively distinct (snake_case field
 # names), no unknown fields, "v":1. What such bytes can still hide is free-form content: dict keys
 # differing only in case, and raw JSON (tool_use inputs, copied verbatim). So the fast path takes
-# only event types without dicts, Any or raw JSON anywhere in their type, plus StepDone, whose raw
-# tool_use inputs validate_event checks with the same strict rules (duplicates, and a depth that,
-# with the 5 levels around an input, stays within strictjson.MAX_DEPTH). Anything else, or any
-# difference at all, and any invalid event, takes the full strict path, so what is accepted and
-# every error are unchanged.
+# only event types without dicts, Any or raw JSON anywhere in their type, plus those whose only raw
+# JSON is the tool_use inputs of their messages, which validate_event checks with the same strict
+# rules (duplicates, and a depth that, with the at most 5 levels around an input, stays within
+# strictjson.MAX_DEPTH): StepDone, and the user and final messages of InputSubmitted, TurnStarted,
+# TurnFoldedInto and TurnDone. Anything else, or any difference at all, and any invalid event, takes
+# the full strict path, so what is accepted and every error are unchanged.
 # (Measured: 40 µs → ~20 µs per StepDone record; replay and the committer decode every record.)
 
 _CANON_PREFIX: Final = b'{"v":1,"type":"'
@@ -122,13 +123,14 @@ def _free_form(t: msgspec.inspect.Type, seen: set[int]) -> bool:
 
 
 def _fast_types() -> dict[bytes, type[Event]]:
-    from shared.events import StepDone
+    from shared.events import InputSubmitted, StepDone, TurnDone, TurnFoldedInto, TurnStarted
 
+    inputs_checked = (StepDone, InputSubmitted, TurnStarted, TurnFoldedInto, TurnDone)
     out: dict[bytes, type[Event]] = {}
     for name, cls in EVENT_TYPES.items():
         if name in EPHEMERAL_TYPES:
             continue
-        if cls is StepDone or not _free_form(msgspec.inspect.type_info(cls), set()):
+        if cls in inputs_checked or not _free_form(msgspec.inspect.type_info(cls), set()):
             out[name.encode()] = cls
     return out
 

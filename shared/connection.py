@@ -14,7 +14,8 @@ waiting task straight from its read loop, instead of through a task of the subsc
 every commit: a NUID and random bytes for the reply token (here a counter), and ``asyncio.wait_for``
 (here one timer). Replies come to one wildcard inbox subscription per connection, made on first
 use. It raises what ``Client.request`` raises (``nats.errors.TimeoutError``,
-``NoRespondersError``), so callers handle both alike.
+``NoRespondersError``), so callers handle both alike; ``Connection.request`` is this function, so
+nats-py's own JetStream and key-value calls on a connection take it too.
 """
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ class Connection(Client):
             parts.append(prefix + value.encode() + _CRLF)
         parts.append(_CRLF)
         return b"".join(parts)
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Msg:
+        """:func:`request` (nats-py's own JetStream and KV calls come through here too)."""
+        if old_style:
+            return await super().request(subject, payload, timeout, old_style, headers)
+        return await request(self, subject, payload, timeout=timeout, headers=headers)
 
     async def _send_publish(
         self, subject: str, reply: str, payload: bytes, payload_size: int, headers: Mapping[str, Any] | None

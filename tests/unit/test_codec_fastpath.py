@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared import events as ev
-from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result
+from shared.content import AIMessage, TextBlock, ToolUseBlock, UserMessage, tool_result
 from shared.errors import LoopwireError
 from shared.events import make, new_id
 from tests.unit.test_properties import enduring_events
@@ -72,3 +72,38 @@ def test_fast_path_is_taken_for_a_canonical_step() -> None:
     assert codec._decode_canonical(record) == event  # taken
     assert codec._decode_canonical(record.replace(b'"hi"', rb'"\u0068i"')) is None  # not canonical: strict path
     assert codec.decode_event(record) == event
+
+
+def _with_call(raw: bytes) -> list[ev.Event]:
+    """An event of every fast-path type whose messages can hold a tool_use input, holding ``raw``."""
+    loop, turn, step = new_id(), new_id(), new_id()
+    call = ToolUseBlock(id="t1", name="calculator", input=msgspec.Raw(raw))
+    user = UserMessage(blocks=[TextBlock(text="hi"), call])
+    cause = ev.Cause(command_id=new_id())
+    return [
+        make(ev.InputSubmitted, loop_id=loop, message=user, cause=cause),
+        make(ev.TurnStarted, loop_id=loop, turn_id=turn, turn_index=1, message=user, cause=cause),
+        make(ev.TurnFoldedInto, loop_id=loop, turn_id=turn, turn_index=1, message=user, cause=cause),
+        make(ev.TurnDone, loop_id=loop, turn_id=turn, turn_index=1, message=AIMessage(blocks=[call])),
+        make(
+            ev.StepDone,
+            loop_id=loop,
+            turn_id=turn,
+            step_id=step,
+            messages=[AIMessage(blocks=[call]), tool_result("t1", "2")],
+        ),
+    ]
+
+
+def test_messages_with_tool_use_inputs_take_the_fast_path_and_bad_inputs_are_refused_alike() -> None:
+    for event in _with_call(b'{"expression":"1+1"}'):
+        record = codec.encode_event(event)
+        assert codec._decode_canonical(record) == event, type(event).__name__  # taken
+        assert codec.decode_event(record) == event
+    deep = b'{"a":' * 300 + b"1" + b"}" * 300
+    for raw in (b'{"a":1,"a":2}', b'{"a":1,"A":2}', deep):
+        for event in _with_call(b"{}"):
+            # A hand-made record with the input spliced in: canonical bytes, a bad input.
+            record = codec.encode_event(event).replace(b'"input":{}', b'"input":' + raw)
+            assert _outcome(codec.decode_event, record) == _outcome(_strict, record), type(event).__name__
+            assert _outcome(codec.decode_event, record)[0] != "ok"
