@@ -7,7 +7,7 @@ and bytearray extends, and its per-character whitespace scan of every received n
 carries ten headers; measured with nats-py 2.16 (the pinned version), publishing and receiving one
 such message cost 32 µs against 5 µs without headers, and about 8 µs with this client.
 
-:class:`Connection` also hands the replies of a reply inbox (:func:`subscribe_replies`) to their
+:class:`Connection` also hands the replies of a reply inbox (:func:`subscribe_quick`) to their
 waiting task straight from its read loop, instead of through a task of the subscription's own.
 
 :func:`request` is ``Client.request`` without its per-request work that a busy service pays on
@@ -52,14 +52,15 @@ class Connection(Client):
         self._names: dict[str, bytes] = {}
         self._direct: dict[int, Callable[[Msg], None]] = {}
 
-    async def subscribe_direct(self, subject: str, handler: Callable[[Msg], None]) -> Subscription:
+    async def subscribe_direct(self, subject: str, handler: Callable[[Msg], None], *, queue: str = "") -> Subscription:
         """A subscription whose messages ``handler`` takes in the read loop itself.
 
-        For reply inboxes, whose handler only hands the message to a waiting task: nats-py queues
-        every message of a subscription for a task of its own, which then calls the callback, so a
-        reply woke two tasks instead of one. ``handler`` must be quick and must not raise.
+        For handlers that only hand the message on (a reply to its waiting task, a request to a task
+        of its own): nats-py queues every message of a subscription for a task of the
+        subscription's own, which then calls the callback, so each message woke one task more than
+        it needs. ``handler`` must be quick and must not raise.
         """
-        sub = await self.subscribe(subject)  # no callback: nats-py starts no task for it
+        sub = await self.subscribe(subject, queue=queue)  # no callback: nats-py starts no task for it
         self._direct[sub._id] = handler
         return sub
 
@@ -151,7 +152,7 @@ class _Inbox:
     async def start(self) -> None:
         async with self._lock:
             if not self.started:
-                await subscribe_replies(self.nc, self.prefix + "*", self._on_reply)
+                await subscribe_quick(self.nc, self.prefix + "*", self._on_reply)
                 self.started = True
 
     def _on_reply(self, msg: Msg) -> None:
@@ -160,16 +161,17 @@ class _Inbox:
             waiter.set_result(msg)
 
 
-async def subscribe_replies(nc: Client, subject: str, handler: Callable[[Msg], None]) -> Subscription:
-    """Subscribe a reply inbox: taken directly in the read loop on a :class:`Connection`, through
-    a callback task on any other nats-py client. ``handler`` must be quick and must not raise."""
+async def subscribe_quick(nc: Client, subject: str, handler: Callable[[Msg], None], *, queue: str = "") -> Subscription:
+    """Subscribe a handler that only hands each message on (a reply inbox, a request dispatcher):
+    taken in the read loop itself on a :class:`Connection`, through a callback task on any other
+    nats-py client. ``handler`` must be quick and must not raise."""
     if isinstance(nc, Connection):
-        return await nc.subscribe_direct(subject, handler)
+        return await nc.subscribe_direct(subject, handler, queue=queue)
 
     async def cb(msg: Msg) -> None:
         handler(msg)
 
-    return await nc.subscribe(subject, cb=cb)
+    return await nc.subscribe(subject, queue=queue, cb=cb)
 
 
 _inboxes: weakref.WeakKeyDictionary[Client, _Inbox] = weakref.WeakKeyDictionary()

@@ -491,7 +491,8 @@ def step_id_for(turn_id: str, step_index: int) -> str:
 
 
 def execution_id_for(step_id: str, tool_use_id: str) -> str:
-    return _uuid5(uuid.UUID(step_id).bytes, tool_use_id)
+    # (a step id is a canonical UUID, derived by step_id_for: its bytes without uuid.UUID's checks)
+    return _uuid5(bytes.fromhex(step_id.replace("-", "")), tool_use_id)
 
 
 def new_id() -> str:

@@ -1,15 +1,18 @@
 """The committer service: streams and buckets at start, then the commit and loop-API subscriptions.
 
-Every request is handled in its own task (nats-py runs one callback at a time per subscription),
-at most ``MAX_IN_FLIGHT`` at once: past that the subscription callback waits, so requests queue in
-the client library instead of piling up as tasks. A handler failure is logged and answered; it
-never ends a subscription. A cancellation drains: no new requests are taken, in-flight ones finish.
+Every request is handled in its own task, started straight from the connection's read loop
+(``shared.connection.subscribe_quick``), at most ``MAX_IN_FLIGHT`` at once: past that requests wait
+in a queue of their own (up to ``MAX_WAITING``; more are dropped, like a slow consumer's, and their
+clients' retries repeat them) instead of piling up as tasks. A handler failure is logged and
+answered; it never ends a subscription. A cancellation drains: no new requests are taken, in-flight
+ones finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -22,6 +25,7 @@ from nats.aio.subscription import Subscription
 
 from shared import telemetry
 from shared.bus import IncompatibleConfigError, connect, ensure_all
+from shared.connection import subscribe_quick
 from shared.errors import ErrorKind
 from shared.protocol import ApiReply as _Reply
 from shared.protocol import ErrorBody, encode
@@ -35,6 +39,7 @@ from .commit import CommitHandler
 log = logging.getLogger("loopwire.committer")
 
 MAX_IN_FLIGHT: Final = 512
+MAX_WAITING: Final = 65_536
 DRAIN_SECONDS: Final = 30.0
 # Room for the commit request's own wrapping and the stored message's headers.
 _REQUEST_OVERHEAD: Final = 1024
@@ -70,13 +75,13 @@ class CommitterService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
-        # Plain asyncio tasks and semaphore: a free slot is taken without yielding to the event
-        # loop, so a burst of requests is dispatched at once and the replies leave in few writes
-        # (measured: about twice the throughput of anyio's task group + semaphore here). Being
-        # plain tasks, a cancellation of :meth:`run` does not reach them: the stop drains them.
+        # Plain asyncio tasks started from the read loop: a burst of requests is dispatched at once
+        # and the replies leave in few writes (measured: about twice the throughput of anyio's task
+        # group + semaphore here). Being plain tasks, a cancellation of :meth:`run` does not reach
+        # them: the stop drains them.
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = _InFlight()
-        self._limiter = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._waiting: deque[tuple[NATS, Handler, Msg]] = deque()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, then drain: no new requests are taken, in-flight ones finish.
@@ -97,8 +102,10 @@ class CommitterService:
             commits = CommitHandler(appender, max_input_bytes=settings.max_record_bytes, max_record_bytes=max_record)
             api = LoopApi(nc, settings, appender)
             subs = [
-                await nc.subscribe(names.commit_all, queue=COMMITTER_QUEUE, cb=self._dispatcher(nc, commits.handle)),
-                await nc.subscribe(names.api_all, queue=COMMITTER_QUEUE, cb=self._dispatcher(nc, api.handle)),
+                await subscribe_quick(
+                    nc, names.commit_all, self._dispatcher(nc, commits.handle), queue=COMMITTER_QUEUE
+                ),
+                await subscribe_quick(nc, names.api_all, self._dispatcher(nc, api.handle), queue=COMMITTER_QUEUE),
             ]
             await nc.flush()
             log.info("committer serving %s and %s (replicas=%d)", names.commit_all, names.api_all, settings.replicas)
@@ -131,15 +138,22 @@ class CommitterService:
         with anyio.move_on_after(DRAIN_SECONDS):
             await self._inflight.wait_idle()
 
-    def _dispatcher(self, nc: NATS, handler: Handler) -> Callable[[Msg], Awaitable[None]]:
-        async def on_msg(msg: Msg) -> None:
-            await self._limiter.acquire()  # past MAX_IN_FLIGHT, requests wait in the subscription
-            self._inflight.enter()
-            task = asyncio.create_task(self._handle(nc, handler, msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def _dispatcher(self, nc: NATS, handler: Handler) -> Callable[[Msg], None]:
+        def on_msg(msg: Msg) -> None:
+            if self._inflight.count < MAX_IN_FLIGHT:
+                self._start(nc, handler, msg)
+            elif len(self._waiting) < MAX_WAITING:
+                self._waiting.append((nc, handler, msg))
+            else:
+                log.warning("%d requests waiting: %s dropped (its client's retry repeats it)", MAX_WAITING, msg.subject)
 
         return on_msg
+
+    def _start(self, nc: NATS, handler: Handler, msg: Msg) -> None:
+        self._inflight.enter()
+        task = asyncio.get_running_loop().create_task(self._handle(nc, handler, msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, nc: NATS, handler: Handler, msg: Msg) -> None:
         try:
@@ -157,4 +171,5 @@ class CommitterService:
                     log.warning("could not reply on %s: %r", msg.subject, e)
         finally:
             self._inflight.leave()
-            self._limiter.release()
+            if self._waiting:
+                self._start(*self._waiting.popleft())

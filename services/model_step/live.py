@@ -142,6 +142,9 @@ class LiveOutbox:
             return
         subject = self._names.live(loop_id)
         try:
+            if p.size + 1 <= FRAME_MAX_BYTES:  # the usual case: all of it in one frame
+                await self._nc.publish(subject, encode_live_frame(p.events))
+                return
             start = 0
             while start < len(p.events):
                 # A frame's bytes: its events, a comma between two, and the brackets.

@@ -39,7 +39,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.tools import protocol as p
-from shared.connection import subscribe_replies
+from shared.connection import subscribe_quick
 from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
 
 log = logging.getLogger("loopwire.tools.client")
@@ -160,7 +160,7 @@ class ToolClient:
         async with self._lock:
             if self._sub is None:
                 self._inbox = self.nc.new_inbox()
-                self._sub = await subscribe_replies(self.nc, f"{self._inbox}.*", self._on_reply)
+                self._sub = await subscribe_quick(self.nc, f"{self._inbox}.*", self._on_reply)
 
     async def close(self) -> None:
         if self._sub is not None:
