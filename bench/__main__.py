@@ -174,7 +174,9 @@ def summary_tables(ctx: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         ("nats-py floor, 64 loops, R3", floor_r3.get("concurrent")),
     ]
     runs += [(f"{s}, {r.extra['loops']} loops (peers)", r) for s, r in peers.items() if "traffic" in r.extra]
-    text = "\n\n".join([render(rows), cpu_table(tp, floor.get("concurrent")), traffic_table(runs)])
+    from bench.scenarios import cpu_pairs_summary
+
+    text = "\n\n".join([render(rows), cpu_table(cpu_pairs_summary(ctx.get("cpu_pairs") or [])), traffic_table(runs)])
     return text, {"measurements": m, "rows": [asdict(r) for r in rows]}
 
 

@@ -22,19 +22,24 @@ def _grp(d: dict[str, int], prefixes: tuple[str, ...]) -> int:
     return sum(v for k, v in d.items() if prefixes and k.startswith(prefixes))
 
 
-def cpu_table(lw: Row | None, floor: Row | None) -> str:
-    """CPU µs per committed step by process, loopwire's run next to the floor's."""
-    title = "where the CPU goes: CPU µs per committed step, 64 loops, 1 replica (user+system, /proc)"
+def cpu_table(pairs: dict[str, Any]) -> str:
+    """CPU µs per committed step by process, loopwire next to the floor: the medians of the
+    alternating 64-loop runs (``bench.scenarios.cpu_pairs_summary``)."""
+    title = (
+        "where the CPU goes: CPU µs per committed step, 64 loops, 1 replica (user+system, /proc; "
+        "medians of the alternating runs)"
+    )
     headers = ["process", "loopwire", "floor", "× floor"]
-    if lw is None or floor is None:
+    if not pairs:
         return table(title, headers, [])
-    a, b = lw.extra.get("cpu_us_per_step", {}), floor.extra.get("cpu_us_per_step", {})
+    a, b = pairs["by_process"]["loopwire"], pairs["by_process"]["floor"]
     rows: list[list[Any]] = []
     for label, mine, theirs in PROCESS_GROUPS:
         x, y = _grp(a, mine), _grp(b, theirs)
         rows.append([label, x, y, f"{x / y:.2f}" if y else ""])
     ta, tb = sum(a.values()), sum(b.values())
     rows.append(["total (all processes)", ta, tb, f"{ta / tb:.2f}" if tb else ""])
+    rows.append(["median of the rounds' ratios", "", "", f"{pairs['ratio']:.2f}"])
     return table(title, headers, rows)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 import uuid
 from pathlib import Path
@@ -33,8 +34,22 @@ def _sizes(quick: bool) -> dict[str, int]:
     # The floor's 64-loop run is fast (about a second of CPU): 100 steps a loop, quick or not, give
     # /proc's 10 ms CPU ticks enough to count for a per-step figure.
     if quick:
-        return {"floor_seq": 300, "floor_loop_steps": 100, "step": 200, "tp_steps": 20, "replay_max": 10_000}
-    return {"floor_seq": 1000, "floor_loop_steps": 100, "step": 500, "tp_steps": 20, "replay_max": 10_000}
+        return {
+            "floor_seq": 300,
+            "floor_loop_steps": 100,
+            "step": 200,
+            "tp_steps": 20,
+            "cpu_rounds": 3,
+            "replay_max": 10_000,
+        }
+    return {
+        "floor_seq": 1000,
+        "floor_loop_steps": 100,
+        "step": 500,
+        "tp_steps": 20,
+        "cpu_rounds": 5,
+        "replay_max": 10_000,
+    }
 
 
 # --- floor ----------------------------------------------------------------------------------------
@@ -224,19 +239,118 @@ def _pids(d: Deployment) -> dict[str, int]:
 # --- throughput -----------------------------------------------------------------------------------
 
 
+class _FloorProcesses:
+    """The floor's server and responders (R1), kept up for runs alternating with loopwire's."""
+
+    def __init__(self) -> None:
+        self.srv = NatsServer().start()
+        self.procs: list[ServiceProcess] = []
+        try:
+            for k in ("tool", "commit"):
+                args = ["-m", "bench.floor", "serve", k, "--url", self.srv.url, "--replicas", "1"]
+                self.procs.append(ServiceProcess(f"floor-{k}", args, {}).start(timeout=60))
+        except BaseException:
+            self.stop()
+            raise
+        assert self.srv.proc is not None
+        self.pids = {p.name: p.pid for p in self.procs} | {f"nats-{self.srv.name}": self.srv.proc.pid}
+        self.pids["driver"] = os.getpid()
+
+    async def run(self, loops: int, steps: int, record: bytes) -> dict[str, Any]:
+        meter = RunMeter(self.pids, [self.srv.http_port])
+        await run_floor(self.srv.url, loops, steps, record, on_start=meter.begin, on_end=meter.end)
+        return meter.per_step(loops * steps)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+        self.srv.cleanup()
+
+
+# loopwire's side of a round: this many 64-loop runs, their CPU added up. /proc counts CPU in 10 ms
+# ticks; one run of 64 × 20 steps is 1,280 steps, so a tick is ±8 µs per step of each process.
+CPU_RUNS_PER_ROUND = 3
+
+
+async def _cpu_pairs(d: Deployment, floor: _FloorProcesses, rounds: int, steps: int, floor_steps: int) -> list[Any]:
+    """``rounds`` pairs of 64-loop runs, the floor's and loopwire's one after the other (alternating
+    which goes first), so both are measured in the same minute of a machine whose speed drifts."""
+    record = step_record()
+    pairs: list[Any] = []
+    for k in range(rounds):
+        order = ("floor", "loopwire") if k % 2 == 0 else ("loopwire", "floor")
+        pair: dict[str, Any] = {}
+        for who in order:
+            if who == "floor":
+                pair["floor"] = await floor.run(64, floor_steps, record)
+                continue
+            seconds: dict[str, float] = {}
+            for _ in range(CPU_RUNS_PER_ROUND):
+                meter = RunMeter(_pids(d), _http_ports(d))
+                meter.begin()
+                await d.run_loops(64, steps, on_done=meter.end)
+                for name, used in meter.cpu.items():
+                    seconds[name] = seconds.get(name, 0.0) + used
+            n = CPU_RUNS_PER_ROUND * 64 * steps
+            pair["loopwire"] = {"cpu_us_per_step": {name: round(s / n * 1e6) for name, s in seconds.items()}}
+        pairs.append(pair)
+    return pairs
+
+
+def cpu_pairs_table(pairs: list[Any]) -> str:
+    rows: list[list[Any]] = []
+    for k, pair in enumerate(pairs, 1):
+        f, lw = (sum(pair[w]["cpu_us_per_step"].values()) for w in ("floor", "loopwire"))
+        rows.append([k, f, lw, f"{lw / f:.2f}" if f else ""])
+    med = cpu_pairs_summary(pairs)
+    if med:
+        rows.append(["median", med["floor"], med["loopwire"], f"{med['ratio']:.2f}"])
+    return table(
+        "CPU µs per committed step, 64 loops, loopwire (1 replica) and the floor (R1) in alternating runs",
+        ["round", "floor", "loopwire", "× floor"],
+        rows,
+    )
+
+
+def cpu_pairs_summary(pairs: list[Any]) -> dict[str, Any]:
+    """Medians of the rounds: each side's CPU per step (total and by process) and the round ratios."""
+    if not pairs:
+        return {}
+    totals = {w: [sum(p[w]["cpu_us_per_step"].values()) for p in pairs] for w in ("floor", "loopwire")}
+    ratios = [lw / f for f, lw in zip(totals["floor"], totals["loopwire"], strict=True) if f]
+    by_process = {
+        w: {
+            k: round(statistics.median(p[w]["cpu_us_per_step"].get(k, 0) for p in pairs))
+            for k in pairs[0][w]["cpu_us_per_step"]
+        }
+        for w in ("floor", "loopwire")
+    }
+    return {
+        "rounds": len(pairs),
+        "floor": round(statistics.median(totals["floor"])),
+        "loopwire": round(statistics.median(totals["loopwire"])),
+        "ratio": statistics.median(ratios) if ratios else float("inf"),
+        "by_process": by_process,
+    }
+
+
 def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict[str, Any]:
     sz = _sizes(quick)
     floor = _floor(ctx, quick)
     base = floor["concurrent"]
     rows: list[Row] = []
     profiles: dict[str, Any] = {}
+    pairs: list[Any] = []
     for replicas in (1, 2):
         d = Deployment(replicas=replicas).start()
+        side = _FloorProcesses() if replicas == 1 else None
         try:
 
-            async def go(replicas: int = replicas, d: Deployment = d) -> None:
+            async def go(replicas: int = replicas, d: Deployment = d, side: _FloorProcesses | None = side) -> None:
                 await d.connect()
                 await d.warm_up()
+                if side is not None:
+                    pairs.extend(await _cpu_pairs(d, side, sz["cpu_rounds"], sz["tp_steps"], sz["floor_loop_steps"]))
                 for loops in (64, 256):
                     pids = _pids(d)
                     prof = None
@@ -268,7 +382,10 @@ def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict
             asyncio.run(go())
         finally:
             d.stop()
+            if side is not None:
+                side.stop()
     ctx["throughput"] = rows
+    ctx["cpu_pairs"] = pairs
     t = table(
         "throughput: concurrent loops, committed tool steps per second (wall: first start → last loop idle)",
         [
@@ -311,12 +428,12 @@ def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict
         ],
     )
     first = next((r for r in rows if r.extra["loops"] == 64 and r.extra["replicas"] == 1), None)
-    t2 = cpu_table(first, base)
+    t2 = cpu_table(cpu_pairs_summary(pairs))
     t3 = traffic_table([("nats-py floor, 64 loops, R1", base), ("loopwire, 64 loops, R1", first)])
-    tables = [t, t2, t3]
+    tables = [t, cpu_pairs_table(pairs), t2, t3]
     if profiles:
         tables.append("py-spy profile of the 64-loop, 1-replica run (250 Hz):\n" + render(profiles, 10))
-    return {"rows": rows, "tables": tables, "profiles": profiles}
+    return {"rows": rows, "tables": tables, "profiles": profiles, "cpu_pairs": pairs}
 
 
 # --- replay ---------------------------------------------------------------------------------------

@@ -50,6 +50,11 @@ def measurements(ctx: dict[str, Any]) -> dict[str, Any]:
     step = ctx.get("step")
     if step is not None:
         m["step"] = {"p50_ms": step.p50_ms}
+    if ctx.get("cpu_pairs"):
+        from bench.scenarios import cpu_pairs_summary
+
+        pairs = cpu_pairs_summary(ctx["cpu_pairs"])
+        m["cpu_pairs"] = {k: pairs[k] for k in ("rounds", "floor", "loopwire", "ratio")}
     tp = next((r for r in ctx.get("throughput") or [] if r.extra["loops"] == 64 and r.extra["replicas"] == 1), None)
     if tp is not None:
         m["throughput"] = {
@@ -150,6 +155,21 @@ def _vs_peers(name: str, m: dict[str, Any], system: str, key: str, unit: str, hi
     return TargetRow(name, fig, compared, ratio, MET)
 
 
+def _cpu_vs_floor(m: dict[str, Any]) -> TargetRow:
+    """Judged on the alternating 64-loop runs: the median of the rounds' ratios."""
+    name = f"CPU µs/step (64 loops, all processes) ≤ {CPU_X_FLOOR_MAX:g} × floor"
+    pairs = m.get("cpu_pairs")
+    if not pairs:
+        return TargetRow(name, "", "", "", _not_measured("throughput not run"))
+    return TargetRow(
+        name,
+        f"{_num(pairs['loopwire'])} µs",
+        f"floor {_num(pairs['floor'])} µs (medians of {pairs['rounds']} alternating runs)",
+        f"{pairs['ratio']:.2f} ×",
+        MET if pairs["ratio"] <= CPU_X_FLOOR_MAX else MISS,
+    )
+
+
 def _cpu_vs_restate(m: dict[str, Any]) -> TargetRow:
     name = "CPU µs/step (peers many-loop run, all processes) below Restate's"
     for system in ("loopwire", "restate"):
@@ -201,14 +221,7 @@ def evaluate(m: dict[str, Any]) -> list[TargetRow]:
             P50_X_FLOOR_MAX,
             "ms",
         ),
-        _floor_pair(
-            f"CPU µs/step (64 loops, all processes) ≤ {CPU_X_FLOOR_MAX:g} × floor",
-            m,
-            ("throughput", "cpu_us_per_step"),
-            ("floor", "cpu_us_per_step"),
-            CPU_X_FLOOR_MAX,
-            "µs",
-        ),
+        _cpu_vs_floor(m),
         _cpu_vs_restate(m),
     ]
     for system in LOOPWIRE:
