@@ -120,6 +120,7 @@ class CommitClient:
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         validate: bool = True,
+        chain: bool = False,
     ) -> Awaitable[CommitResult]:
         """Append ``events`` (all or none) right after ``expected_last_seq`` (0 for a new loop).
 
@@ -127,15 +128,20 @@ class CommitClient:
         :class:`shared.errors.InvalidEventError` before anything is sent. ``validate=False``: the
         committer's validation is the only one (it validates every event it stores), and an invalid
         event comes back as an :class:`~shared.protocol.InvalidRequestError` reply instead.
+        ``chain``: stored one by one, each right after the one before, up to the first whose expected
+        sequence fails (``seqs`` then holds fewer sequences than there are events); else all or none.
         """
         # Encoded now (a bad event raises at the call), sent by commit_raw's own coroutine.
         envelopes = [encode_event(e, max_bytes=max_record_bytes, validate=validate) for e in events]
-        return self.commit_raw(loop_id, expected_last_seq, envelopes)
+        return self.commit_raw(loop_id, expected_last_seq, envelopes, chain=chain)
 
-    async def commit_raw(self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes]) -> CommitResult:
+    async def commit_raw(
+        self, loop_id: str, expected_last_seq: int, envelopes: Sequence[bytes], *, chain: bool = False
+    ) -> CommitResult:
         """Like :meth:`commit` with already-encoded envelopes (each one JSON object), unchecked."""
         _check_loop_id(loop_id)
-        body = encode(CommitRequest(expected_last_seq=expected_last_seq, events=[msgspec.Raw(e) for e in envelopes]))
+        events = [msgspec.Raw(e) for e in envelopes]
+        body = encode(CommitRequest(expected_last_seq=expected_last_seq, events=events, chain=chain))
         return self.parse_reply(await _request(self._nc, self._names.commit(loop_id), body, self._timeout))
 
     @staticmethod

@@ -87,7 +87,8 @@ class GateState(msgspec.Struct, kw_only=True):
     resolved_seq: int = 0
 
 
-def _add_usage(a: Usage, b: Usage) -> Usage:
+def add_usage(a: Usage, b: Usage) -> Usage:
+    """``a + b``, saturating at uint64 instead of failing (the fold's sum of a turn's usages)."""
     try:
         return a.add(b)
     except UsageOverflowError:
@@ -191,12 +192,12 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             head = msgs[0] if msgs else None
             usage = head.usage if isinstance(head, AIMessage) else None
             if usage is not None:
-                self.usage = _add_usage(self.usage, usage)
+                self.usage = add_usage(self.usage, usage)
             t = self.open_turn
             if t is not None and t.turn_id == event.turn_id:
                 t.steps += 1
                 if usage is not None:
-                    t.usage = _add_usage(t.usage, usage)
+                    t.usage = add_usage(t.usage, usage)
                 if len(msgs) > 1 and isinstance(head, AIMessage):
                     t.tool_iterations += 1
                     t.tool_calls += len(tool_uses(head))

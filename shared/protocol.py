@@ -169,6 +169,9 @@ class CommitRequest(_Wire):
     expected_last_seq: Seq
     # Each element is one v1 envelope, embedded as a JSON object (kept raw: validated one by one).
     events: list[msgspec.Raw]
+    # Stored one by one, each right after the one before it, instead of all or none; the storing
+    # stops at the first whose expected sequence fails (docs/protocol.md, "Chained commits").
+    chain: bool = False
 
 
 class CommitReply(_Wire):

@@ -111,6 +111,10 @@ def _commit_events_items(defs: dict[str, Any], union_schema: dict[str, Any]) -> 
     props = defs["CommitRequest"]["properties"]["events"]
     props["items"] = union_schema
     props["description"] = "Durable envelopes of enduring events, in order."
+    defs["CommitRequest"]["properties"]["chain"]["description"] = (
+        "Store the events one by one, each right after the one before, up to the first whose expected "
+        "sequence fails (the reply's seqs are the stored ones), instead of all or none."
+    )
 
 
 def standalone_schema(name: str, type_: Any) -> dict[str, Any]:

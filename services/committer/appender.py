@@ -136,6 +136,28 @@ class Appender:
             metrics.inc(metrics.APPENDS_RETRIED)
             await backoff.sleep()
 
+    async def append_chain(
+        self, loop_id: str, expected_last_seq: int, payloads: Sequence[bytes], msg_ids: Sequence[str]
+    ) -> list[int]:
+        """Store ``payloads`` one by one, each right after the one before it; their sequences.
+
+        Every record is a single append of its own (so a retry finds each stored one as such). The
+        storing stops at the first record whose expected sequence fails: the sequences of the ones
+        stored before it are returned (a conflict on the first is raised, as for any append).
+        """
+        seqs: list[int] = []
+        expected = expected_last_seq
+        for payload, msg_id in zip(payloads, msg_ids, strict=True):
+            try:
+                [seq] = await self.append(loop_id, expected, [payload], [msg_id])
+            except WireError as e:
+                if seqs and e.kind is ErrorKind.CONFLICT:
+                    break
+                raise
+            seqs.append(seq)
+            expected = seq
+        return seqs
+
     async def _check_duplicate(
         self, stream: str, seq: int, payload: bytes, msg_id: str, request_timeout: float
     ) -> None:

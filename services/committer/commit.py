@@ -144,6 +144,10 @@ class CommitHandler:
                 ErrorKind.INVALID, f"expected_last_seq must be between 0 and {MAX_SEQ}", field="expected_last_seq"
             )
         prepared = self._prepare(loop_id, req)
+        if req.chain:
+            return await self._appender.append_chain(
+                loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids
+            )
         return await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
 
     def _prepare(self, loop_id: str, req: CommitRequest) -> Prepared:

@@ -53,7 +53,7 @@ from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
 from shared.errors import StepAbandoned as StepAbandoned
 from shared.events import Cause, Event, make, new_id
-from shared.history import GateState, LoopHistory, OpenTurn, load
+from shared.history import GateState, LoopHistory, OpenTurn, add_usage, load
 from shared.protocol import ConflictError, RemoteError, UnavailableError
 from shared.results import DONE, ResultStore, StepPlan, args_digest
 from shared.settings import Settings
@@ -258,13 +258,19 @@ class LoopDriver:
 
     # --- commits ----------------------------------------------------------------------------------
 
-    async def _commit(self, h: LoopHistory, build: Callable[[LoopHistory], list[Event] | None]) -> None:
+    async def _commit(
+        self, h: LoopHistory, build: Callable[[LoopHistory], list[Event] | None], *, chain: bool = False
+    ) -> None:
         """Commit ``build(h)``; on a conflict re-read and rebuild while the step is still ours.
 
         ``build`` returns None when, after a re-read, the work no longer applies (abandon). The
         expected sequence is the fence: the drive's basis (the fold the step was built from), the
         same for every unchanged retry of an unanswered commit (it may have been stored), and only
         replaced by a conflict's fresh read. A conflict never produces a duplicate or a fork.
+
+        ``chain``: the events are stored one by one, each right after the one before, up to the
+        first another writer got ahead of (only for events of which every prefix is a history the
+        driver continues from); the stored ones are folded and the history read again.
         """
         pos = _position(h)
         expected = self._basis.get(h.loop_id, h.last_seq)
@@ -291,7 +297,7 @@ class LoopDriver:
                         # Validated once, by the committer: an invalid event is refused there (a bug
                         # of this driver either way), and the same checks here cost every step.
                         result = await self.commits.commit(
-                            h.loop_id, expected, events, max_record_bytes=self._max_record, validate=False
+                            h.loop_id, expected, events, max_record_bytes=self._max_record, validate=False, chain=chain
                         )
                         span.set_attribute(telemetry.LW_STREAM_SEQ, result.last_seq)
                 except ConflictError:
@@ -312,9 +318,11 @@ class LoopDriver:
                 else:
                     if result.seqs:
                         self._made[h.loop_id] = result.seqs[-1]
-                    folded = self._fold_committed(h, events, result.seqs)
+                    folded = self._fold_committed(h, events[: len(result.seqs)], result.seqs)
                     if folded:
                         self._basis[h.loop_id] = h.last_seq
+                        if len(result.seqs) < len(events):
+                            self._foreign[h.loop_id] = True  # a chain cut short: another writer came between
                     return
             raise StepAbandoned("too many commit attempts")
         finally:
@@ -743,16 +751,32 @@ class LoopDriver:
         await self._commit(h, build)
 
     async def _answer(self, h: LoopHistory, t: OpenTurn, step_id: str, stored: AIMessage) -> None:
-        """Commit the final answer as a step of its own; the turn's end follows (``_end_turn``).
+        """Commit the final answer, the turn's end and (no input waiting) ``LoopIdle``: one chained commit.
 
-        The answer and ``TurnDone`` are two commits, not one: on a one-node (R1) file-stored stream
-        the server stages every multi-record atomic batch in a store of its own on disk, which cost
-        5.5-7.6 ms of server CPU per batch against about 0.1 ms for two plain publishes
-        (docs/benchmarks.md). A history that holds the
-        answer but not yet the end is complete on its own: ``next_action`` ends such a turn and runs
-        no further step in it, whoever drives the loop next.
+        Chained, not atomic: on a one-node (R1) file-stored stream the server stages every
+        multi-record atomic batch in a store of its own on disk, which cost 5.5-7.6 ms of server CPU
+        per batch against about 0.1 ms for plain publishes (docs/benchmarks.md). Each prefix of the
+        three is a history the loop goes on from: one holding the answer but not yet the end is
+        ended by ``next_action`` (``_end_turn``), with no further step in the turn, whoever drives
+        the loop next; one ending the turn goes idle or starts the next input's turn.
         """
-        await self._commit(h, lambda cur: [self._step_done(cur, t, step_id, [stored])])
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            turn = cur.open_turn
+            if turn is None or turn.turn_id != t.turn_id:
+                return None
+            usage = turn.usage if stored.usage is None else add_usage(turn.usage, stored.usage)
+            done = make(
+                ev.TurnDone,
+                loop_id=cur.loop_id,
+                turn_id=turn.turn_id,
+                turn_index=turn.turn_index,
+                message=clone(stored),
+                usage=usage,
+            )
+            return [self._step_done(cur, t, step_id, [stored]), done, *self._idle_if_nothing_pending(cur)]
+
+        await self._commit(h, build, chain=True)
 
     async def _end_turn(self, h: LoopHistory) -> None:
         """``TurnDone`` for a turn whose final answer is stored (its message and the turn's usage)."""

@@ -256,3 +256,32 @@ async def test_events_are_stored_canonically(committer: Settings, nc: NATS) -> N
     reply = await request(nc, committer.names.commit(loop_id), body(last, spaced))
     assert reply.ok
     assert (await stored(nc, committer, loop_id))[-1][1:] == (canonical, e.event_id)
+
+
+async def test_a_chained_commit_stores_one_by_one_and_stops_where_another_writer_came_between(
+    committer: Settings, nc: NATS
+) -> None:
+    loop_id, last = await started_loop(nc, committer)
+    client = CommitClient(nc, committer.names, T)
+    turn = text_turn(loop_id)
+    res = await client.commit(loop_id, last, turn, chain=True)
+    assert len(res.seqs) == 3 and res.last_seq == res.seqs[-1]
+    # A retry (the reply was lost) finds every record stored, the loop having moved on or not.
+    assert await client.commit(loop_id, last, turn, chain=True) == res
+    # Stored in part (the committer stopped after the first) and retried: the rest is stored.
+    second = text_turn(loop_id, index=2)
+    first = await client.commit(loop_id, res.last_seq, second[:1])
+    rest = await client.commit(loop_id, res.last_seq, second, chain=True)
+    assert rest.seqs[0] == first.last_seq and len(rest.seqs) == 3
+    # Another writer got in after the first record: the chain stops there, what was stored answers.
+    third = text_turn(loop_id, index=3)
+    head = await client.commit(loop_id, rest.last_seq, third[:1])
+    other = await client.commit(loop_id, head.last_seq, [step(loop_id, third[0].turn_id, "another writer")])
+    cut = await client.commit(loop_id, rest.last_seq, third, chain=True)
+    assert cut.seqs == head.seqs and cut.last_seq == head.last_seq
+    # A conflict on the first record is a conflict, as for any commit.
+    with pytest.raises(ConflictError) as err:
+        await client.commit(loop_id, rest.last_seq, text_turn(loop_id, index=4), chain=True)
+    assert err.value.body.last_seq == other.last_seq
+    seqs = [s for s, _, _ in await stored(nc, committer, loop_id)]
+    assert seqs == [last, *res.seqs, *rest.seqs, head.last_seq, other.last_seq]
