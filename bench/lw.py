@@ -8,9 +8,10 @@ through the loop API.
 Step timings are the records' own: JetStream stamps every stored message with the server's clock
 (``Nats-Time-Stamp``), and :meth:`Deployment.run_loops` reads the loops' records back once they
 are all idle, after the measured part. While loops run, the benchmark only asks, every
-``POLL_SECONDS``, how many records the history stream holds and, once that many could be the
-whole run, the last record of each loop still running (one batched Direct Get): the measured
-processes see no observer's traffic. A loop followed live (``start_loop(..., watch=True)``, the
+``POLL_SECONDS``, for the sequence of the history stream's last record (one Direct Get: the stream
+deletes nothing, so it counts the records) and, once that many could be the whole run, the last
+record of each loop still running (one batched Direct Get): the measured processes see no
+observer's traffic. A loop followed live (``start_loop(..., watch=True)``, the
 resume figure) is observed instead through a core subscription to its history subject: the
 committer's JetStream publish reaches core subscribers too. Core subscribers also see the
 publishes JetStream turns down (a retried append), so those records are counted once per event id.
@@ -32,18 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.common import pct
 from bench.workload import USER_TEXT, write_script
-from shared.bus import connect, direct_get_batch, ensure_all, stream_messages
+from shared.bus import connect, direct_get_batch, ensure_all
 from shared.client import LoopClient
+from shared.connection import request
 from shared.events import Limits
 from shared.natsserver import NatsCluster, NatsServer
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
-from shared.subjects import H_TIMESTAMP
+from shared.subjects import H_SEQUENCE, H_TIMESTAMP, js_api
 
 PREFIX = "bench"
 POLL_SECONDS = 0.05  # how often run_loops looks for the end of its loops (the figures do not depend on it)
@@ -278,7 +281,7 @@ class Deployment:
         assert self.nc is not None
         model = write_script(self.work / "scripts", steps)
         names = self.settings.names
-        before = await stream_messages(self.nc, names.history_stream)
+        before = await self._last_seq()
         t0 = time.time()
         sem = asyncio.Semaphore(64)
 
@@ -304,14 +307,23 @@ class Deployment:
             )
         return LoopsRun(loops=loops, steps=steps, seconds=seconds, traces=traces)
 
+    async def _last_seq(self) -> int:
+        """The history stream's last sequence: a Direct Get of its last record, no JetStream API
+        request (those make nats-server build a stream-info document and an audit advisory)."""
+        assert self.nc is not None
+        names = self.settings.names
+        body = msgspec.json.encode({"last_by_subj": names.hist_all})
+        msg = await request(self.nc, js_api("DIRECT.GET", names.history_stream), body, timeout=10)
+        return int((msg.headers or {}).get(H_SEQUENCE, "0"))  # "404, no message": an empty stream
+
     async def _until_idle(self, ids: list[str], at_least: int) -> None:
-        """Return once every loop's last record is its LoopIdle (``at_least``: the stream's count before)."""
+        """Return once every loop's last record is its LoopIdle (``at_least``: the last sequence before)."""
         assert self.nc is not None
         names = self.settings.names
         left = {names.hist(lid) for lid in ids}
         while left:
             await asyncio.sleep(POLL_SECONDS)
-            if await stream_messages(self.nc, names.history_stream) < at_least:
+            if await self._last_seq() < at_least:
                 continue
             got = await direct_get_batch(self.nc, names.history_stream, "", start_seq=0, multi_last=sorted(left))
             left -= {m.subject for m in got.messages if record_type(m.data) == "LoopIdle"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -499,8 +500,20 @@ def new_id() -> str:
     return _uuid_text(os.urandom(16), 4)
 
 
+# The formatted second of the latest timestamp: every event an event loop stamps within one second
+# shares it, and only the microseconds are formatted anew (the datetime round trip cost more than
+# the rest of stamping an event).
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
 def now_rfc3339() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The current UTC time, ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
+    seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+    sec, text = _second[0]
+    if sec != seconds:
+        text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second[0] = (seconds, text)
+    return f"{text}.{nanos // 1000:06d}Z"
 
 
 EvT = TypeVar("EvT", bound=Event)

@@ -149,7 +149,8 @@ _CONTROLS_TO_SPACE: Final = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0))}
 def _clean(text: str | bytes | bytearray | memoryview) -> str:
     """Valid Unicode text: invalid UTF-8 and lone surrogates become U+FFFD."""
     if isinstance(text, str):
-        return _SURROGATE_RE.sub("\ufffd", text)
+        # (an ASCII string, the usual one, holds no surrogate: isascii() is a flag, not a scan)
+        return text if text.isascii() else _SURROGATE_RE.sub("\ufffd", text)
     return bytes(text).decode("utf-8", errors="replace")
 
 

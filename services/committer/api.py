@@ -282,7 +282,8 @@ class LoopApi:
                 h.apply(event, seq)
             # A fold that gets a work signal now may be followed by a drive's records.
             self._cache.put(loop_id, h, quiet=not outcome.signal_work)
-            await self._notify_driver(loop_id, payloads)
+            if verb != "start":  # a loop just started has no drive to tell
+                await self._notify_driver(loop_id, payloads)
             return seqs[-1], outcome.signal_work
 
     async def _notify_driver(self, loop_id: str, payloads: list[bytes]) -> None:

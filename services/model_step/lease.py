@@ -1,7 +1,8 @@
 """Loop leases in KV (``<prefix>_leases``): one live drive per loop, and a drive that lost it stops.
 
 A lease is a key of the leases bucket (its TTL is ``LW_LEASE_TTL_SECONDS``) whose value names the
-holding replica. The holder refreshes it every TTL/4 while it drives the loop.
+holding replica. The holder refreshes it every TTL/4 while it drives the loop (the first time TTL/2
+after taking it).
 
 The lease is not the fence for commits — the commit's expected sequence is — but it guards every
 other side effect. A drive acts (model request, tool call, commit) only while its lease is *held*:
@@ -250,12 +251,16 @@ class Leases:
 
 
 async def keep(lease: Lease, *, tick: float, in_progress: Callable[[], Awaitable[object]] | None = None) -> None:
-    """Until ``lease`` is lost: call ``in_progress`` every ``tick`` and refresh the lease every TTL/4."""
+    """Until ``lease`` is lost: call ``in_progress`` every ``tick`` and refresh the lease every TTL/4,
+    the first of each after twice its interval (most drives are over sooner and send neither; the
+    lease, taken just now, holds for the TTL, and the item for ``4 * tick``)."""
     every = lease.ttl / 4
-    refreshed = time.monotonic()
+    refreshed = time.monotonic() + every  # so the first refresh is due TTL/2 from now
+    ticks = 0
     while True:
         await anyio.sleep(max(0.0, min(tick, every, lease.valid_until - time.monotonic())))
-        if in_progress is not None:
+        ticks += 1
+        if in_progress is not None and ticks > 1:
             with contextlib.suppress(Exception):
                 await in_progress()
         if time.monotonic() - refreshed >= every or lease.valid_until - time.monotonic() < tick:

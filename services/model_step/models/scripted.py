@@ -12,7 +12,7 @@ finish_reason; ``{k}`` in an id becomes the response position) or a directive:
 
 * ``{"error": "message"}`` — fail mid-stream here (ModelStreamError);
 * ``{"unavailable": "message"}`` — fail before any chunk (ModelUnavailableError; first item only);
-* ``{"sleep": seconds}`` — pause between chunks;
+* ``{"sleep": seconds}`` — pause between chunks (without one, a response's chunks come at once);
 * ``{"hang": true}`` — never continue (until cancelled).
 
 Position: the k-th call (k = number of assistant messages in the request's history, from 0)
@@ -187,9 +187,9 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         k = position(request)
-        # One checkpoint per response, like a provider's first network read: cancellation lands
-        # here; chunks scripted back to back then arrive at once (a pause is an explicit sleep).
-        await anyio.lowlevel.checkpoint()
+        # Chunks scripted back to back arrive at once, without yielding to the event loop: an
+        # instant model, like the peers' in the benchmark (a pause, and a chance for cancellation
+        # to land, is an explicit sleep or hang).
         for item in self.response_for(request, k):
             if isinstance(item, ModelChunk):
                 if "{k}" in item.id:
