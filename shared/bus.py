@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import ssl
 import uuid
@@ -36,7 +35,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.backoff import Backoff, retry
-from shared.connection import Connection, request
+from shared.connection import Connection, request, request_many
 from shared.errors import ErrorKind, LoopwireError
 from shared.settings import Settings
 from shared.subjects import (
@@ -678,6 +677,10 @@ class DirectBatch:
     last_seq: int
 
 
+def _has_status(m: Msg) -> bool:
+    return m.headers is not None and H_STATUS in m.headers
+
+
 async def direct_get_batch(
     nc: NATS,
     stream: str,
@@ -693,56 +696,39 @@ async def direct_get_batch(
 
     With ``multi_last``, instead the last message of each of those subjects (``subject`` and
     ``start_seq`` are then ignored). Served by any replica (no read-after-write on R3; see
-    :func:`get_msg`). The messages arrive on a private inbox through a callback (much faster than
-    ``next_msg``) and end with an EOB status.
+    :func:`get_msg`). The messages come to the connection's reply inbox (no subscription of the
+    request's own) and end with a status message.
     """
+    req: dict[str, object] = (
+        {"multi_last": list(multi_last), "batch": batch}
+        if multi_last
+        else {"seq": max(1, start_seq), "batch": batch, "next_by_subj": subject, "max_bytes": max_bytes}
+    )
+    try:
+        # Every batch ends with a status message: 204 (end of batch), 404 (nothing), or an error.
+        replies = await request_many(
+            nc, js_api("DIRECT.GET", stream), _json.encode(req), last=_has_status, idle=idle_timeout
+        )
+    except nats.errors.TimeoutError:
+        raise JetStreamUnavailableError(f"direct get on {stream} stalled for {idle_timeout:g}s") from None
+    except nats.errors.ConnectionClosedError as e:
+        raise JetStreamUnavailableError(f"connection closed: {e!r}") from None
     out: list[StoredMsg] = []
-    done = asyncio.Event()
     end: dict[str, str] = {}
-    failure: list[tuple[int, str]] = []
-    progress = [0]
-
-    async def on_msg(m: Msg) -> None:
+    for m in replies:
         h = m.headers or {}
         status = h.get(H_STATUS)
-        progress[0] += 1
         if status is None:
             seq = int(h.get(H_SEQUENCE, "0"))
             out.append(StoredMsg(subject=h.get(H_SUBJECT, subject), seq=seq, headers=h, data=m.data))
-            return
-        if status == "204":
-            end.update(h)
+        elif status == "204":
+            end = h
         elif status != "404":
-            failure.append((int(status) if status.isdigit() else 0, h.get("Description", "")))
-        done.set()
-
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox, cb=on_msg)
-    try:
-        req: dict[str, object] = (
-            {"multi_last": list(multi_last), "batch": batch}
-            if multi_last
-            else {"seq": max(1, start_seq), "batch": batch, "next_by_subj": subject, "max_bytes": max_bytes}
-        )
-        await nc.publish(js_api("DIRECT.GET", stream), _json.encode(req), reply=inbox)
-        # Time out only when nothing arrives for idle_timeout (a long batch keeps making progress).
-        seen = -1
-        while not done.is_set():
-            if seen == progress[0]:
-                raise JetStreamUnavailableError(f"direct get on {stream} stalled for {idle_timeout:g}s")
-            seen = progress[0]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), idle_timeout)
-    except nats.errors.ConnectionClosedError as e:
-        raise JetStreamUnavailableError(f"connection closed: {e!r}") from None
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
-    if failure:
-        status, desc = failure[0]
-        if status == 503:
-            raise JetStreamUnavailableError(f"direct get on {stream}: no responders (no stream, or no leader)")
-        raise JetStreamError(status, 0, f"direct get on {stream}: status {status} {desc}".strip())
+            code = int(status) if status.isdigit() else 0
+            if code == 503:
+                raise JetStreamUnavailableError(f"direct get on {stream}: no responders (no stream, or no leader)")
+            why = f"direct get on {stream}: status {status} {h.get('Description', '')}".strip()
+            raise JetStreamError(code, 0, why)
     pending = int(end.get(H_NUM_PENDING, "0") or 0)
     last = int(end.get(H_LAST_SEQUENCE, "0") or 0)
     return DirectBatch(messages=out, num_pending=pending, last_seq=last)

@@ -138,13 +138,34 @@ class Connection(Client):
         return out
 
 
+class _Replies:
+    """The replies of one :func:`request_many`, up to the one its ``last`` says ends them."""
+
+    __slots__ = ("done", "last", "msgs")
+
+    def __init__(self, last: Callable[[Msg], bool], done: asyncio.Future[None]) -> None:
+        self.msgs: list[Msg] = []
+        self.last = last
+        self.done = done
+
+    def add(self, msg: Msg) -> bool:
+        """Take one reply; True once the last has come."""
+        self.msgs.append(msg)
+        if self.last(msg):
+            if not self.done.done():
+                self.done.set_result(None)
+            return True
+        return False
+
+
 class _Inbox:
-    """The replies of one connection's requests: one wildcard subscription, a future per request."""
+    """The replies of one connection's requests: one wildcard subscription, a future per request
+    (or a list, for a request with several replies)."""
 
     def __init__(self, nc: Client) -> None:
         self.nc = nc
         self.prefix = nc.new_inbox() + "."
-        self.waiting: dict[str, asyncio.Future[Msg]] = {}
+        self.waiting: dict[str, asyncio.Future[Msg] | _Replies] = {}
         self.started = False
         self.count = 0
         self._lock = asyncio.Lock()
@@ -155,9 +176,21 @@ class _Inbox:
                 await subscribe_quick(self.nc, self.prefix + "*", self._on_reply)
                 self.started = True
 
+    def token(self) -> str:
+        self.count += 1
+        return str(self.count)
+
     def _on_reply(self, msg: Msg) -> None:
-        waiter = self.waiting.pop(msg.subject[len(self.prefix) :], None)
-        if waiter is not None and not waiter.done():
+        token = msg.subject[len(self.prefix) :]
+        waiter = self.waiting.get(token)
+        if waiter is None:
+            return
+        if isinstance(waiter, _Replies):
+            if waiter.add(msg):
+                del self.waiting[token]
+            return
+        del self.waiting[token]
+        if not waiter.done():
             waiter.set_result(msg)
 
 
@@ -182,17 +215,21 @@ def _expire(waiter: asyncio.Future[Msg]) -> None:
         waiter.set_exception(nats.errors.TimeoutError)
 
 
-async def request(
-    nc: Client, subject: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
-) -> Msg:
-    """One request and its first reply, like ``nc.request`` (see the module docstring)."""
+async def _inbox_of(nc: Client) -> _Inbox:
     inbox = _inboxes.get(nc)
     if inbox is None:
         inbox = _inboxes[nc] = _Inbox(nc)
     if not inbox.started:
         await inbox.start()
-    inbox.count += 1
-    token = str(inbox.count)
+    return inbox
+
+
+async def request(
+    nc: Client, subject: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+) -> Msg:
+    """One request and its first reply, like ``nc.request`` (see the module docstring)."""
+    inbox = await _inbox_of(nc)
+    token = inbox.token()
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[Msg] = loop.create_future()
     inbox.waiting[token] = waiter
@@ -206,3 +243,26 @@ async def request(
     if msg.headers and msg.headers.get(H_STATUS) == _NO_RESPONDERS:
         raise nats.errors.NoRespondersError
     return msg
+
+
+async def request_many(
+    nc: Client, subject: str, payload: bytes, *, last: Callable[[Msg], bool], idle: float
+) -> list[Msg]:
+    """One request and its replies, up to and including the one ``last`` says ends them (e.g. a
+    Direct Get batch's end-of-batch status); ``nats.errors.TimeoutError`` when none comes for
+    ``idle`` seconds. The connection's reply inbox takes them: no subscription of its own."""
+    inbox = await _inbox_of(nc)
+    token = inbox.token()
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    replies = inbox.waiting[token] = _Replies(last, done)
+    try:
+        await nc.publish(subject, payload, reply=inbox.prefix + token)
+        seen = -1
+        while not done.done():
+            if seen == len(replies.msgs):
+                raise nats.errors.TimeoutError
+            seen = len(replies.msgs)
+            await asyncio.wait((done,), timeout=idle)
+    finally:
+        inbox.waiting.pop(token, None)
+    return replies.msgs

@@ -48,6 +48,7 @@ from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live
+from shared.connection import subscribe_quick
 from shared.content import AIMessage, Message, ToolResultMessage, clone
 from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
@@ -144,10 +145,10 @@ class LoopDriver:
         own = self._own[loop_id] = set()
         self._foreign[loop_id] = True  # nothing is known yet: read the history first
 
-        async def on_ctl(msg: Msg) -> None:
+        def on_ctl(msg: Msg) -> None:
             try:
                 e = decode_live(msg.data)
-            except LoopwireError:
+            except Exception:  # (taken in the connection's read loop: it never raises)
                 self._foreign[loop_id] = True
                 return
             if e.event_id not in own:
@@ -159,7 +160,7 @@ class LoopDriver:
 
         # The loop API's records (the committer republishes them on the loop's control subject).
         # Subscribe before the first read: a record committed meanwhile is either read or flagged.
-        sub = await self.nc.subscribe(names.ctl(loop_id), cb=on_ctl)
+        sub = await subscribe_quick(self.nc, names.ctl(loop_id), on_ctl)
         turn_trace = tracing.TurnTrace()
         try:
             h = await self._refresh(loop_id)

@@ -3,6 +3,7 @@ request() answers, times out and reports no responders like Client.request."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 
@@ -14,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.bus import connect
-from shared.connection import Connection, request
+from shared.connection import Connection, request, request_many
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +138,44 @@ async def test_a_direct_subscription_takes_messages_in_order_until_unsubscribed(
         assert got[-1] == b"99" and len(other) == 100
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["connection", "plain-nats-py"])
+async def test_request_many_takes_replies_up_to_the_last_and_times_out_only_when_they_stop(
+    settings: Settings, direct: bool
+) -> None:
+    responder: Client = await connect(settings)
+    caller: Client = await connect(settings) if direct else await nats.connect(settings.nats_urls[0])
+    subject = f"{settings.prefix}.many"
+
+    async def stream(msg: Msg) -> None:
+        n, gap, end = msg.data.split(b",")
+        for i in range(int(n)):
+            await responder.publish(msg.reply, b"%d" % i)
+            await anyio.sleep(float(gap))
+        if end == b"end":
+            await responder.publish(msg.reply, b"end")
+
+    await responder.subscribe(subject, cb=stream)
+    await responder.flush()
+
+    def last(m: Msg) -> bool:
+        return m.data == b"end"
+
+    try:
+        got = await request_many(caller, subject, b"5,0,end", last=last, idle=2)
+        assert [m.data for m in got] == [b"0", b"1", b"2", b"3", b"4", b"end"]
+        # Replies 0.3 s apart with an idle limit of 0.5 s: slow, but never stopped.
+        got = await request_many(caller, subject, b"4,0.3,end", last=last, idle=0.5)
+        assert len(got) == 5
+        with anyio.fail_after(5), pytest.raises(nats.errors.TimeoutError):
+            await request_many(caller, subject, b"2,0,none", last=last, idle=0.3)
+        # Two at once get each their own replies.
+        a, b = await asyncio.gather(
+            request_many(caller, subject, b"3,0.01,end", last=last, idle=2),
+            request_many(caller, subject, b"2,0.01,end", last=last, idle=2),
+        )
+        assert (len(a), len(b)) == (4, 3)
+    finally:
+        await responder.close()
+        await caller.close()
