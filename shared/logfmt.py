@@ -26,9 +26,12 @@ _encoder: Final = msgspec.json.Encoder()
 ENABLED = False  # set when services write JSON lines: only then are coordinates bound
 
 
+_NOTHING: Final = contextlib.nullcontext()  # reusable: it holds no state
+
+
 def bind(**ids: str) -> contextlib.AbstractContextManager[None]:
     """:func:`bound` while JSON logging is on, else nothing (the hot path pays no context switch)."""
-    return bound(**ids) if ENABLED else contextlib.nullcontext()
+    return bound(**ids) if ENABLED else _NOTHING
 
 
 @contextlib.contextmanager

@@ -104,7 +104,7 @@ class StreamAccumulator:
 
     def message(self) -> AIMessage:
         """The folded assistant message (a fresh object each call), with the usage if any was sent."""
-        usage = None if self.usage is None else Usage(**msgspec.structs.asdict(self.usage))
+        usage = None if self.usage is None else msgspec.structs.replace(self.usage)  # a copy
         return AIMessage(blocks=[self._block(self._slots[k]) for k in self._order], usage=usage)
 
     def raw_tool_uses(self) -> list[RawToolUse]:

@@ -159,6 +159,8 @@ class ScriptedModel:
         self.name = name
         self.model = ""  # not a provider's model
         self.script = script
+        # Response k's items with "{k}" filled in, made once: a script serves every loop of a run.
+        self._filled: dict[tuple[int, int], Response] = {}
 
     def __repr__(self) -> str:
         return f"ScriptedModel(name={self.name!r})"
@@ -174,9 +176,10 @@ class ScriptedModel:
     def response_for(self, request: ModelRequest, k: int | None = None) -> Response:
         """Response ``k`` (default: :func:`position` of the request) for the request's conversation."""
         responses = self.script.responses
-        first_user = next((m for m in request.messages if isinstance(m, UserMessage)), None)
-        if first_user is not None:
-            responses = self.script.by_first_user_text.get(text_of(first_user), responses)
+        if self.script.by_first_user_text:
+            first_user = next((m for m in request.messages if isinstance(m, UserMessage)), None)
+            if first_user is not None:
+                responses = self.script.by_first_user_text.get(text_of(first_user), responses)
         if k is None:
             k = position(request)
         if k < len(responses):
@@ -185,15 +188,25 @@ class ScriptedModel:
             return responses[-1]
         raise ModelUnavailableError(f"{self.name}: the script has no response #{k} ({len(responses)} scripted)")
 
+    def _filled_in(self, response: Response, k: int) -> Response:
+        key = (id(response), k)
+        filled = self._filled.get(key)
+        if filled is None:
+            filled = self._filled[key] = [
+                msgspec.structs.replace(item, id=item.id.replace("{k}", str(k)))
+                if isinstance(item, ModelChunk) and "{k}" in item.id
+                else item
+                for item in response
+            ]
+        return filled
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         k = position(request)
         # Chunks scripted back to back arrive at once, without yielding to the event loop: an
         # instant model, like the peers' in the benchmark (a pause, and a chance for cancellation
         # to land, is an explicit sleep or hang).
-        for item in self.response_for(request, k):
+        for item in self._filled_in(self.response_for(request, k), k):
             if isinstance(item, ModelChunk):
-                if "{k}" in item.id:
-                    item = msgspec.structs.replace(item, id=item.id.replace("{k}", str(k)))
                 yield item
             elif item.name == "sleep":
                 await anyio.sleep(float(item.value))
