@@ -39,7 +39,7 @@ def _sizes(quick: bool) -> dict[str, int]:
             "floor_loop_steps": 100,
             "step": 200,
             "tp_steps": 20,
-            "cpu_rounds": 3,
+            "cpu_rounds": 5,
             "replay_max": 10_000,
         }
     return {
@@ -47,7 +47,7 @@ def _sizes(quick: bool) -> dict[str, int]:
         "floor_loop_steps": 100,
         "step": 500,
         "tp_steps": 20,
-        "cpu_rounds": 5,
+        "cpu_rounds": 7,
         "replay_max": 10_000,
     }
 
