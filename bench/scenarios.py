@@ -256,10 +256,16 @@ class _FloorProcesses:
         self.pids = {p.name: p.pid for p in self.procs} | {f"nats-{self.srv.name}": self.srv.proc.pid}
         self.pids["driver"] = os.getpid()
 
-    async def run(self, loops: int, steps: int, record: bytes) -> dict[str, Any]:
-        meter = RunMeter(self.pids, [self.srv.http_port])
-        await run_floor(self.srv.url, loops, steps, record, on_start=meter.begin, on_end=meter.end)
-        return meter.per_step(loops * steps)
+    async def run(self, loops: int, steps: int, record: bytes, runs: int = 1) -> dict[str, Any]:
+        """``runs`` runs of ``loops`` × ``steps``: their CPU per step together."""
+        seconds: dict[str, float] = {}
+        for _ in range(runs):
+            meter = RunMeter(self.pids, [self.srv.http_port])
+            await run_floor(self.srv.url, loops, steps, record, on_start=meter.begin, on_end=meter.end)
+            for name, used in meter.cpu.items():
+                seconds[name] = seconds.get(name, 0.0) + used
+        n = runs * loops * steps
+        return {"cpu_us_per_step": {name: round(s / n * 1e6) for name, s in seconds.items()}}
 
     def stop(self) -> None:
         for p in self.procs:
@@ -267,9 +273,11 @@ class _FloorProcesses:
         self.srv.cleanup()
 
 
-# loopwire's side of a round: this many 64-loop runs, their CPU added up. /proc counts CPU in 10 ms
-# ticks; one run of 64 × 20 steps is 1,280 steps, so a tick is ±8 µs per step of each process.
+# Each side of a round: this many 64-loop runs, their CPU added up. /proc counts CPU in 10 ms ticks
+# (one run of 64 × 20 steps is 1,280 steps: a tick is ±8 µs per step of each process), and a single
+# run of either side moved by a fifth from one round to the next.
 CPU_RUNS_PER_ROUND = 3
+FLOOR_RUNS_PER_ROUND = 2
 
 
 async def _cpu_pairs(d: Deployment, floor: _FloorProcesses, rounds: int, steps: int, floor_steps: int) -> list[Any]:
@@ -282,7 +290,7 @@ async def _cpu_pairs(d: Deployment, floor: _FloorProcesses, rounds: int, steps: 
         pair: dict[str, Any] = {}
         for who in order:
             if who == "floor":
-                pair["floor"] = await floor.run(64, floor_steps, record)
+                pair["floor"] = await floor.run(64, floor_steps, record, FLOOR_RUNS_PER_ROUND)
                 continue
             seconds: dict[str, float] = {}
             for _ in range(CPU_RUNS_PER_ROUND):
