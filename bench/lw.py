@@ -290,8 +290,9 @@ class Deployment:
                 return await self.start_loop(model)
 
         ids = await asyncio.gather(*(start_one() for _ in range(loops)))
-        # A finished loop holds at least its steps + 1 StepDone records and its LoopIdle.
-        await asyncio.wait_for(self._until_idle(ids, before + loops * (steps + 2)), timeout)
+        # A loop that ran as scripted holds LoopStarted, InputSubmitted, TurnStarted, its steps + 1
+        # StepDone records, TurnDone and LoopIdle.
+        await asyncio.wait_for(self._until_idle(ids, before + loops * (steps + 6)), timeout)
         if on_done is not None:
             on_done()
         traces = {lid: self._traces.pop(lid) for lid in ids}
@@ -317,13 +318,20 @@ class Deployment:
         return int((msg.headers or {}).get(H_SEQUENCE, "0"))  # "404, no message": an empty stream
 
     async def _until_idle(self, ids: list[str], at_least: int) -> None:
-        """Return once every loop's last record is its LoopIdle (``at_least``: the last sequence before)."""
+        """Return once every loop's last record is its LoopIdle.
+
+        ``at_least``: the stream's last sequence once every loop ran as scripted; before that only
+        the last sequence is read, and each loop's last record once a second (a loop that ended
+        otherwise, with fewer records, is found so).
+        """
         assert self.nc is not None
         names = self.settings.names
         left = {names.hist(lid) for lid in ids}
-        while left:
+        for polls in itertools.count(1):
+            if not left:
+                return
             await asyncio.sleep(POLL_SECONDS)
-            if await self._last_seq() < at_least:
+            if await self._last_seq() < at_least and polls % round(1 / POLL_SECONDS):
                 continue
             got = await direct_get_batch(self.nc, names.history_stream, "", start_seq=0, multi_last=sorted(left))
             left -= {m.subject for m in got.messages if record_type(m.data) == "LoopIdle"}
