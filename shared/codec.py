@@ -93,8 +93,10 @@ def encode_event(
 # JSON is the tool_use inputs of their messages, which validate_event checks with the same strict
 # rules (duplicates, and a depth that, with the at most 5 levels around an input, stays within
 # strictjson.MAX_DEPTH): StepDone, and the user and final messages of InputSubmitted, TurnStarted,
-# TurnFoldedInto and TurnDone. Anything else, or any difference at all, and any invalid event, takes
-# the full strict path, so what is accepted and every error are unchanged.
+# TurnFoldedInto and TurnDone; and LoopStarted, whose only free-form content is two maps of typed
+# values (policy, retries), checked here for keys that differ only in case. Anything else, or any
+# difference at all, and any invalid event, takes the full strict path, so what is accepted and every
+# error are unchanged.
 # (Measured: 40 µs → ~20 µs per StepDone record; replay and the committer decode every record.)
 
 _CANON_PREFIX: Final = b'{"v":1,"type":"'
@@ -122,6 +124,15 @@ def _free_form(t: msgspec.inspect.Type, seen: set[int]) -> bool:
     return isinstance(t, msgspec.inspect.CustomType)  # unknown to us: not on the fast path
 
 
+def _keyed_maps() -> dict[type[Event], tuple[str, ...]]:
+    from shared.events import LoopStarted
+
+    return {LoopStarted: ("policy", "retries")}
+
+
+_KEYED_MAPS: Final = _keyed_maps()
+
+
 def _fast_types() -> dict[bytes, type[Event]]:
     from shared.events import InputSubmitted, StepDone, TurnDone, TurnFoldedInto, TurnStarted
 
@@ -130,7 +141,7 @@ def _fast_types() -> dict[bytes, type[Event]]:
     for name, cls in EVENT_TYPES.items():
         if name in EPHEMERAL_TYPES:
             continue
-        if cls in inputs_checked or not _free_form(msgspec.inspect.type_info(cls), set()):
+        if cls in inputs_checked or cls in _KEYED_MAPS or not _free_form(msgspec.inspect.type_info(cls), set()):
             out[name.encode()] = cls
     return out
 
@@ -152,6 +163,10 @@ def _decode_canonical(data: bytes) -> Event | None:
             return None
     except (msgspec.ValidationError, msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError, RecursionError):
         return None
+    for field in _KEYED_MAPS.get(cls, ()):
+        keys = getattr(event, field) or {}
+        if len({k.casefold() for k in keys}) != len(keys):
+            return None  # keys that differ only in case: the strict path says so
     return event
 
 

@@ -206,7 +206,8 @@ class ToolClient:
         ``first_send``: no earlier attempt of this execution id can exist (see ``Lw-First-Send``).
         ``no_record``: nobody will read this call's record (see ``Lw-No-Record``).
         """
-        await self.start()
+        if self._sub is None:
+            await self.start()
         self._calls += 1
         token = str(self._calls)
         reply = f"{self._inbox}.{token}"

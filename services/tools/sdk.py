@@ -355,8 +355,10 @@ def _to_result(value: object) -> ResultBody:
     return error_result(shaping.tool_error(f"tool returned an unsupported value of type {type(value).__name__}"))
 
 
-async def invoke(t: Tool, raw: bytes, ctx: ToolContext) -> ResultBody:
-    """Decode the arguments once, run the tool, shape its outcome. Never raises (but cancellation)."""
+async def invoke(t: Tool, raw: bytes, ctx: ToolContext | None) -> ResultBody:
+    """Decode the arguments once, run the tool, shape its outcome. Never raises (but cancellation).
+
+    ``ctx`` may be None only for a tool that takes no context."""
     try:
         args = t.decode_args(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:

@@ -539,14 +539,19 @@ class Worker:
         if ids.execution_id and self.results is not None and not call.spec.rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
             await self._record(t, ids.execution_id, call, STARTED)
-        ctx = ToolContext(
-            ids=ids,
-            idempotency_key=key,
-            deadline=deadline,
-            nc=self.nc,
-            settings=self.settings,
-            worker_id=self.worker_id,
-            progress_sink=partial(self._progress, call),
+        # An inline tool that takes no context could use none (nothing cancels it once started).
+        ctx = (
+            None
+            if t.inline and not t.takes_context
+            else ToolContext(
+                ids=ids,
+                idempotency_key=key,
+                deadline=deadline,
+                nc=self.nc,
+                settings=self.settings,
+                worker_id=self.worker_id,
+                progress_sink=partial(self._progress, call),
+            )
         )
         call.ctx = ctx
         result: p.ResultBody | None = None
@@ -581,7 +586,8 @@ class Worker:
             return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=failed.kind, message=failed.message))
         if result is not None:
             return p.REPLY_RESULT, self._fit(result)
-        ctx.cancel()
+        if ctx is not None:
+            ctx.cancel()
         if call.canceled:
             return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_CANCELED, message="canceled"))
         return p.REPLY_ERROR, p.encode(

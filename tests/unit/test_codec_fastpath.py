@@ -107,3 +107,34 @@ def test_messages_with_tool_use_inputs_take_the_fast_path_and_bad_inputs_are_ref
             record = codec.encode_event(event).replace(b'"input":{}', b'"input":' + raw)
             assert _outcome(codec.decode_event, record) == _outcome(_strict, record), type(event).__name__
             assert _outcome(codec.decode_event, record)[0] != "ok"
+
+
+def test_a_loop_start_takes_the_fast_path_unless_its_maps_hold_keys_differing_only_in_case() -> None:
+    loop = new_id()
+    started = make(
+        ev.LoopStarted,
+        loop_id=loop,
+        model="demo",
+        policy={"calculator": "allow", "*": "ask"},
+        retries={"calculator": ev.RetryPolicy(max_attempts=2)},
+        cause=ev.Cause(command_id=new_id()),
+    )
+    record = codec.encode_event(started)
+    assert codec._decode_canonical(record) == started
+    assert codec.decode_event(record) == started
+    for field in (b'"policy":{"calculator"', b'"retries":{"calculator"'):
+        # Canonical bytes (msgspec keeps both keys of a map it decodes from them), one key twice in case.
+        bad = record.replace(
+            field, field[: field.index(b"{") + 1] + b'"CALCULATOR":' + _value_of(record, field) + b',"calculator"'
+        )
+        assert codec._decode_canonical(bad) is None
+        assert _outcome(codec.decode_event, bad) == _outcome(_strict, bad)
+        assert _outcome(codec.decode_event, bad)[0] != "ok"
+
+
+def _value_of(record: bytes, field: bytes) -> bytes:
+    """The JSON value of the first key of the map that ``field`` opens (an object or a string)."""
+    start = record.index(field) + len(field) + 1
+    if record[start : start + 1] == b"{":
+        return record[start : record.index(b"}", start) + 1]
+    return record[start : record.index(b'"', start + 1) + 1]
