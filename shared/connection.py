@@ -8,7 +8,8 @@ carries ten headers; measured with nats-py 2.16 (the pinned version), publishing
 such message cost 32 µs against 5 µs without headers, and about 8 µs with this client.
 
 :class:`Connection` also hands the replies of a reply inbox (:func:`subscribe_quick`) to their
-waiting task straight from its read loop, instead of through a task of the subscription's own.
+waiting task straight from its read loop, instead of through a task of the subscription's own,
+and kicks its flusher without a new future per kick.
 
 :func:`request` is ``Client.request`` without its per-request work that a busy service pays on
 every commit: a NUID and random bytes for the reply token (here a counter), and ``asyncio.wait_for``
@@ -51,6 +52,7 @@ class Connection(Client):
         # "Name: " for every name sent so far (services send a handful of names, over and over).
         self._names: dict[str, bytes] = {}
         self._direct: dict[int, Callable[[Msg], None]] = {}
+        self._kick: asyncio.Future[None] | None = None
 
     async def subscribe_direct(self, subject: str, handler: Callable[[Msg], None], *, queue: str = "") -> Subscription:
         """A subscription whose messages ``handler`` takes in the read loop itself.
@@ -121,6 +123,23 @@ class Connection(Client):
         await self._send_command(command.hpub_cmd(subject, reply, self._header_block(headers), payload))
         if self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
+
+    async def _flush_pending(self, force_flush: bool = False) -> Any:
+        # The flusher task writes whatever is pending when it takes an item off its queue and sets
+        # the item's result unless already set. nats-py queues a new future per kick (creating one
+        # looks up the running loop, and its pid, every time); nothing awaits a kick's future, so
+        # one that is already done serves every kick.
+        queue, flusher = self._flush_queue, self._flusher_task
+        plain = queue is not None and flusher is not None and not flusher.done() and queue.empty()
+        if force_flush or not plain or not self.is_connected:
+            return await super()._flush_pending(force_flush)
+        kick = self._kick
+        if kick is None:
+            kick = self._kick = asyncio.get_running_loop().create_future()
+            kick.set_result(None)
+        assert queue is not None
+        queue.put_nowait(kick)
+        return None
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:

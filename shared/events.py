@@ -473,18 +473,19 @@ def type_name(event: Event | type[Event]) -> str:
 _STEP_NS: Final = uuid.UUID("4f1d3c2a-7b7e-4e55-9a51-0c2f6f1b9d10")
 
 
-def _uuid_text(b: bytes, version: int) -> str:
-    """``str(uuid.UUID(bytes=b, version=version))`` without building the UUID object (every step
-    mints several ids, and the UUID class's checks cost more than the hash itself)."""
-    h = bytearray(b)
-    h[6] = (h[6] & 0x0F) | (version << 4)
-    h[8] = (h[8] & 0x3F) | 0x80
-    x = h.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+# The variant digit of a UUID's text for each hex digit found there: its two top bits become "10".
+_VARIANT: Final = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+
+def _uuid_text(x: str, version: str) -> str:
+    """``str(uuid.UUID(hex=x, version=...))`` from 32 hex digits, by string slicing: every step mints
+    several ids, and building a UUID object (or a bytearray to set the bits in) cost more than the
+    hash or the random bytes themselves."""
+    return f"{x[:8]}-{x[8:12]}-{version}{x[13:16]}-{_VARIANT[x[16]]}{x[17:20]}-{x[20:32]}"
 
 
 def _uuid5(namespace: bytes, name: str) -> str:
-    return _uuid_text(hashlib.sha1(namespace + name.encode(), usedforsecurity=False).digest()[:16], 5)
+    return _uuid_text(hashlib.sha1(namespace + name.encode(), usedforsecurity=False).hexdigest(), "5")
 
 
 def step_id_for(turn_id: str, step_index: int) -> str:
@@ -497,7 +498,7 @@ def execution_id_for(step_id: str, tool_use_id: str) -> str:
 
 
 def new_id() -> str:
-    return _uuid_text(os.urandom(16), 4)
+    return _uuid_text(os.urandom(16).hex(), "4")
 
 
 # The formatted second of the latest timestamp: every event an event loop stamps within one second
