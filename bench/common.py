@@ -135,6 +135,25 @@ def machine_facts() -> dict[str, Any]:
     return facts
 
 
+def cpu_stat() -> list[int] | None:
+    """The machine's CPU time counters (the first line of ``/proc/stat``); None where there is none."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of the machine's CPU time between two :func:`cpu_stat` readings that the hypervisor
+    gave to other guests (``steal``): on a shared virtual machine the wall-clock figures of a run
+    with much steal are slower than the code, and the CPU figures less comparable with other runs."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    d = [b - a for a, b in zip(before[:8], after[:8], strict=True)]  # user .. steal (guest is inside user)
+    total = sum(d)
+    return d[7] / total if total > 0 else None
+
+
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
