@@ -23,7 +23,7 @@ def _all_met() -> dict[str, Any]:
             "cpu_us_per_step": 500,
             "traffic": {"in_msgs": 5.0, "out_msgs": 5.0, "in_bytes": 900.0, "out_bytes": 900.0, "nodes": 1},
         },
-        "step": {"p50_ms": 3.0, "floor_p50_ms": 2.0, "ratio": 1.5, "rounds": 5},
+        "step": {"loopwire": 3.0, "floor": 2.0, "ratio": 1.5, "rounds": 5},
         "cpu_pairs": {"rounds": 5, "floor": 500, "loopwire": 1_150, "ratio": 2.4},
         "throughput": {
             "loops": 64,
