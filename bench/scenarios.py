@@ -20,7 +20,7 @@ import msgspec
 from bench.common import Row, pct, ratio, table
 from bench.floor import FloorRun, floor_rows, run_floor, step_record
 from bench.lw import BIG_LIMITS, Deployment
-from bench.profile import CpuMeter, Profiler, render
+from bench.profile import CpuMeter, Profiler, py_spy, render
 from bench.report import cpu_table, traffic_table
 from bench.traffic import Traffic, snapshot
 from bench.workload import ARGS, TOOL_RESULT, USER_TEXT
@@ -498,6 +498,8 @@ def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict
     tables = [t, cpu_pairs_table(pairs), t2, t3]
     if profiles:
         tables.append("py-spy profile of the 64-loop, 1-replica run (250 Hz):\n" + render(profiles, 10))
+    elif profile and py_spy() is None:
+        tables.append("py-spy profile: skipped: py-spy not installed (pip install -e '.[bench]')")
     return {"rows": rows, "tables": tables, "profiles": profiles, "cpu_pairs": pairs}
 
 
