@@ -110,8 +110,12 @@ async def test_a_recorded_call_is_answered_from_its_record_by_any_worker(nc: NAT
             lookup_ids = ids()
             found = await client.call("lookup", b'{"tag": "c"}', ids=lookup_ids, timeout=5)
             assert text(found) == "found c" and SEEN_DURING_RUN == [STARTED, ""]
-            rec = await ResultStore(nc, fast.names).call("lookup", lookup_ids.execution_id)
-            assert rec is not None and rec.state == DONE
+            # (written after the reply, without waiting for its ack: it lands in the store shortly after)
+            store = ResultStore(nc, fast.names)
+            with anyio.fail_after(5):
+                while (rec := await store.call("lookup", lookup_ids.execution_id)) is None:
+                    await anyio.sleep(0.02)
+            assert rec.state == DONE
 
 
 async def _step(nc: NATS, settings: Settings, *names: str) -> list[str]:
