@@ -229,7 +229,8 @@ def run_step_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
         durability="JetStream R1 file store (fsync per default sync_interval)",
         cpu_us_per_step={name: round(used / steps * 1e6) for name, used in cpu.items()},
     )
-    summary = step_pairs_summary(pairs)
+    floor_p50, lw_p50 = [p["floor"] for p in pairs], [p["loopwire"] for p in pairs]
+    summary = rounds_summary(floor_p50, lw_p50, digits=3)
     row.extra.update(
         p50_x_floor=round(summary["ratio"], 3),
         p50_median_ms=summary["loopwire"],
@@ -238,16 +239,13 @@ def run_step_scenario(ctx: Ctx, quick: bool) -> dict[str, Any]:
         pairs=pairs,
     )
     ctx["step"] = row
-    rows: list[list[Any]] = [
-        [k, round(p["floor"], 3), round(p["loopwire"], 3), f"{p['loopwire'] / p['floor']:.2f}"]
-        for k, p in enumerate(pairs, 1)
-    ]
-    rows.append(["median", summary["floor"], summary["loopwire"], f"{summary['ratio']:.2f}"])
-    t = table(
+    t = rounds_table(
         f"step: one loop, instant scripted model, one calculator call per step; {rounds} alternating rounds of "
         f"the floor ({STEP_FLOOR_STEPS} steps) and loopwire ({per_round} steps): p50 ms of each",
         ["round", "floor p50", "loopwire p50", "× floor"],
-        rows,
+        floor_p50,
+        lw_p50,
+        digits=3,
     )
     t2 = table(
         f"step: loopwire's {steps} steps together (target: the median of the rounds' ratios ≤ 1.6)",
@@ -283,14 +281,30 @@ def _pids(d: Deployment) -> dict[str, int]:
     return pids
 
 
-def step_pairs_summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians of the rounds: each side's p50 (ms) and the rounds' ratios."""
+def rounds_summary(floor: list[float], loopwire: list[float], *, digits: int | None = None) -> dict[str, Any]:
+    """Medians of alternating rounds: each side's figure (rounded to ``digits``) and the median of the
+    rounds' own ratios (the judged figure: the sides' medians may come from different rounds)."""
+    ratios = [lw / f for f, lw in zip(floor, loopwire, strict=True) if f]
     return {
-        "rounds": len(pairs),
-        "floor": round(statistics.median(p["floor"] for p in pairs), 3),
-        "loopwire": round(statistics.median(p["loopwire"] for p in pairs), 3),
-        "ratio": statistics.median(p["loopwire"] / p["floor"] for p in pairs),
+        "rounds": len(floor),
+        "floor": round(statistics.median(floor), digits),
+        "loopwire": round(statistics.median(loopwire), digits),
+        "ratio": statistics.median(ratios) if ratios else float("inf"),
     }
+
+
+def rounds_table(
+    title: str, headers: list[str], floor: list[float], loopwire: list[float], *, digits: int | None = None
+) -> str:
+    """One row per alternating round (each side's figure and their ratio), then the medians."""
+    rows: list[list[Any]] = [
+        [k, round(f, digits), round(lw, digits), f"{lw / f:.2f}" if f else ""]
+        for k, (f, lw) in enumerate(zip(floor, loopwire, strict=True), 1)
+    ]
+    if floor:
+        med = rounds_summary(floor, loopwire, digits=digits)
+        rows.append(["median", med["floor"], med["loopwire"], f"{med['ratio']:.2f}"])
+    return table(title, headers, rows)
 
 
 # --- throughput -----------------------------------------------------------------------------------
@@ -362,18 +376,16 @@ async def _cpu_pairs(d: Deployment, floor: _FloorProcesses, rounds: int, steps: 
     return pairs
 
 
+def _cpu_totals(pairs: list[Any], who: str) -> list[float]:
+    return [sum(p[who]["cpu_us_per_step"].values()) for p in pairs]
+
+
 def cpu_pairs_table(pairs: list[Any]) -> str:
-    rows: list[list[Any]] = []
-    for k, pair in enumerate(pairs, 1):
-        f, lw = (sum(pair[w]["cpu_us_per_step"].values()) for w in ("floor", "loopwire"))
-        rows.append([k, f, lw, f"{lw / f:.2f}" if f else ""])
-    med = cpu_pairs_summary(pairs)
-    if med:
-        rows.append(["median", med["floor"], med["loopwire"], f"{med['ratio']:.2f}"])
-    return table(
+    return rounds_table(
         "CPU µs per committed step, 64 loops, loopwire (1 replica) and the floor (R1) in alternating runs",
         ["round", "floor", "loopwire", "× floor"],
-        rows,
+        _cpu_totals(pairs, "floor"),
+        _cpu_totals(pairs, "loopwire"),
     )
 
 
@@ -381,8 +393,6 @@ def cpu_pairs_summary(pairs: list[Any]) -> dict[str, Any]:
     """Medians of the rounds: each side's CPU per step (total and by process) and the round ratios."""
     if not pairs:
         return {}
-    totals = {w: [sum(p[w]["cpu_us_per_step"].values()) for p in pairs] for w in ("floor", "loopwire")}
-    ratios = [lw / f for f, lw in zip(totals["floor"], totals["loopwire"], strict=True) if f]
     by_process = {
         w: {
             k: round(statistics.median(p[w]["cpu_us_per_step"].get(k, 0) for p in pairs))
@@ -390,13 +400,7 @@ def cpu_pairs_summary(pairs: list[Any]) -> dict[str, Any]:
         }
         for w in ("floor", "loopwire")
     }
-    return {
-        "rounds": len(pairs),
-        "floor": round(statistics.median(totals["floor"])),
-        "loopwire": round(statistics.median(totals["loopwire"])),
-        "ratio": statistics.median(ratios) if ratios else float("inf"),
-        "by_process": by_process,
-    }
+    return {**rounds_summary(_cpu_totals(pairs, "floor"), _cpu_totals(pairs, "loopwire")), "by_process": by_process}
 
 
 def run_throughput_scenario(ctx: Ctx, quick: bool, profile: bool = True) -> dict[str, Any]:

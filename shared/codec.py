@@ -164,8 +164,7 @@ def _decode_canonical(data: bytes) -> Event | None:
     except (msgspec.ValidationError, msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError, RecursionError):
         return None
     for field in _KEYED_MAPS.get(cls, ()):
-        keys = getattr(event, field) or {}
-        if len({k.casefold() for k in keys}) != len(keys):
+        if not strictjson.keys_distinct(getattr(event, field) or {}):
             return None  # keys that differ only in case: the strict path says so
     return event
 

@@ -7,6 +7,7 @@ One definition used by the codec (decode), validation (tool_use inputs) and step
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any, Final
 
 import msgspec
@@ -21,9 +22,14 @@ EMBEDDED_MAX_DEPTH: Final = MAX_DEPTH - 32
 room for the record's own levels around it, so whatever validates on encode also decodes."""
 
 
+def keys_distinct(keys: Collection[str]) -> bool:
+    """No two of ``keys`` differ only in case (strict JSON counts those as duplicates)."""
+    return len({k.casefold() for k in keys}) == len(keys)
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
-    if len(out) != len(pairs) or len({k.casefold() for k in out}) != len(out):
+    if len(out) != len(pairs) or not keys_distinct(out):
         seen: set[str] = set()
         for k, _ in pairs:
             if k.casefold() in seen:
@@ -92,6 +98,11 @@ def loads(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     return doc
 
 
+_msgspec_decode: Final = msgspec.json.decode
+_msgspec_encode: Final = msgspec.json.encode
+_msgspec_format: Final = msgspec.json.format
+
+
 def _plainly_strict(raw: bytes, max_depth: int) -> bool:
     """True when ``raw`` is certainly strict JSON within ``max_depth``; False means "ask :func:`loads`".
 
@@ -116,24 +127,25 @@ def _plainly_strict(raw: bytes, max_depth: int) -> bool:
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
-            if len({k.casefold() for k in value}) != len(value):
+            if not keys_distinct(value):
                 return False
             value = value.values()
         stack.extend(v for v in value if isinstance(v, dict | list))
     return True
 
 
-_msgspec_decode: Final = msgspec.json.decode
-_msgspec_encode: Final = msgspec.json.encode
-_msgspec_format: Final = msgspec.json.format
+def why_not_strict(data: bytes | str, *, max_depth: int = EMBEDDED_MAX_DEPTH) -> str:
+    """Why ``data`` is not strict JSON that can be embedded in a record (see :data:`EMBEDDED_MAX_DEPTH`);
+    "" when it is."""
+    if isinstance(data, bytes) and _plainly_strict(data, max_depth):
+        return ""
+    try:
+        loads(data, max_depth=max_depth)
+    except StrictJSONError as e:
+        return str(e) or "not valid JSON"
+    return ""
 
 
 def is_strict(data: bytes | str, *, max_depth: int = EMBEDDED_MAX_DEPTH) -> bool:
     """True when ``data`` is strict JSON that can be embedded in a record (see :data:`EMBEDDED_MAX_DEPTH`)."""
-    if isinstance(data, bytes) and _plainly_strict(data, max_depth):
-        return True
-    try:
-        loads(data, max_depth=max_depth)
-    except StrictJSONError:
-        return False
-    return True
+    return not why_not_strict(data, max_depth=max_depth)

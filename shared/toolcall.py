@@ -10,18 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.events import RawToolUse
-from shared.strictjson import EMBEDDED_MAX_DEPTH, StrictJSONError, is_strict, loads
+from shared.strictjson import EMBEDDED_MAX_DEPTH, why_not_strict
 
 
 def strict_error(data: bytes | str) -> str:
     """Why ``data`` is not strict JSON that can be embedded in a record; "" when it is."""
-    if is_strict(data):
-        return ""
-    try:
-        loads(data, max_depth=EMBEDDED_MAX_DEPTH)
-    except StrictJSONError as e:
-        return str(e) or "not valid JSON"
-    return ""
+    return why_not_strict(data, max_depth=EMBEDDED_MAX_DEPTH)
 
 
 @dataclass(frozen=True, slots=True)
