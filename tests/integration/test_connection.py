@@ -179,3 +179,28 @@ async def test_request_many_takes_replies_up_to_the_last_and_times_out_only_when
     finally:
         await responder.close()
         await caller.close()
+
+
+async def test_a_flush_after_subscribing_means_the_server_has_the_subscription(settings: Settings) -> None:
+    # A request sent from another connection right after subscribe() + flush() finds the responder:
+    # the flush's PING goes out behind the SUB, not ahead of it.
+    responder = await connect(settings)
+    caller = await nats.connect(settings.nats_urls[0])
+
+    async def echo(msg: Msg) -> None:
+        await msg.respond(b"ok")
+
+    try:
+        missed = 0
+        for i in range(1000):
+            sub = await responder.subscribe(f"{settings.prefix}.ready.{i}", cb=echo)
+            await responder.flush()
+            try:
+                await caller.request(f"{settings.prefix}.ready.{i}", b"", timeout=5)
+            except nats.errors.NoRespondersError:
+                missed += 1
+            await sub.unsubscribe()
+        assert missed == 0
+    finally:
+        await responder.close()
+        await caller.close()
