@@ -7,6 +7,7 @@ pages the way an operator would; results are checked against the committed histo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -648,13 +649,20 @@ def test_fork_from_a_point_of_the_timeline_and_see_the_lineage(d: Deployment, br
     loop_id = start_loop(d, COMPUTE)
     open_loop(browser, f"{d.console_url}loops/{loop_id}")
     wait_until(lambda: committed(browser, "TurnDone"), what="the answer")
+
     # "fork from here" on exactly the valid points: the input, the tool step, the turn's end.
-    buttons = wait_until(
-        lambda: (b := browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")) and len(b) == 3 and b,
-        what="fork buttons",
-    )
-    kinds = [b.find_element(By.XPATH, "..").get_attribute("data-type") for b in buttons]
+    # (the buttons follow the loop: the answer's StepDone is a point until its TurnDone is stored)
+    def kinds_now() -> list[str]:
+        return [
+            b.find_element(By.XPATH, "..").get_attribute("data-type") or ""
+            for b in browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")
+        ]
+
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: kinds_now() == ["InputSubmitted", "StepDone", "TurnDone"], what="fork buttons")
+    kinds = kinds_now()
     assert kinds == ["InputSubmitted", "StepDone", "TurnDone"], kinds
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")
     at = int(buttons[-1].find_element(By.XPATH, "..").get_attribute("data-seq"))
     buttons[-1].click()
     wait_until(lambda: loop_id not in browser.current_url, what="the fork's page")

@@ -465,7 +465,10 @@ function loopPage() {
     window.lwForkPoints = doc.points;
     for (const node of timeline.querySelectorAll(".ev")) {
       const seq = Number(node.dataset.seq);
-      if (points.has(seq) && !node.querySelector(".fork")) node.append(forkButton(seq, node));
+      const button = node.querySelector(".fork");
+      // A point stops being valid when the loop moves on (a turn's answer, once its TurnDone follows).
+      if (points.has(seq)) { if (!button) node.append(forkButton(seq, node)); }
+      else if (button) button.remove();
     }
     const rows = [];
     if (doc.parent) rows.push(el("div", {}, "forked from ", el("a", { class: "mono", href: `/loops/${doc.parent}`, text: short(doc.parent) }), ` at #${doc.forked_at}`));
