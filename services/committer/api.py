@@ -61,6 +61,7 @@ from shared.wiretypes import ALLOW, ANSWER_ACTIONS
 
 from .appender import Appender, EventIdTaken
 from .fork import fork
+from .watch import WorkWatch
 
 log = logging.getLogger("loopwire.committer.api")
 
@@ -138,7 +139,9 @@ class LoopApi:
         self._appender = appender
         self._cache = _HistoryCache(CACHE_LOOPS)
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._unqueued: set[str] = set()  # loops with stored records whose work signal failed
+        # Loops with stored records (through the seq) whose work signal failed.
+        self._unqueued: dict[str, int] = {}
+        self.watch = WorkWatch(nc, self._names)  # loops whose queued work no drive has taken up yet
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one loop-API request (never raises for bad input)."""
@@ -317,26 +320,28 @@ class LoopApi:
             )
         except (JetStreamError, JetStreamUnavailableError) as e:
             log.warning("loop %s: stored through seq %d, but its work could not be queued: %s", loop_id, seq, e)
-            self._unqueued.add(loop_id)
+            self._unqueued[loop_id] = max(seq, self._unqueued.get(loop_id, 0))
             raise WireError(
                 ErrorKind.UNAVAILABLE,
                 f"the command is stored (seq {seq}) but its work could not be queued ({e}); "
                 "repeat the same request to queue it",
             ) from None
-        self._unqueued.discard(loop_id)
+        self._unqueued.pop(loop_id, None)
+        self.watch.queued(loop_id, seq)
 
     async def requeue(self) -> None:
         """Until cancelled: queue the work of loops whose command could not queue it (see
         :meth:`_signal_work`), so they resume even if their caller never repeats the command."""
         while True:
             await anyio.sleep(REQUEUE_SECONDS)
-            for loop_id in list(self._unqueued):
+            for loop_id, seq in list(self._unqueued.items()):
                 try:
                     await signal_work(self._nc, self._names, loop_id, within=0)
                 except (JetStreamError, JetStreamUnavailableError):
                     break  # still unavailable: try again later
-                self._unqueued.discard(loop_id)
+                self._unqueued.pop(loop_id, None)
                 log.info("loop %s: its work is queued now", loop_id)
+                self.watch.queued(loop_id, seq)
 
     # --- building events ------------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ class CommitterService:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(api.requeue)
+                    tg.start_soon(api.watch.run)
                     task_status.started()
                     await anyio.sleep_forever()
             finally:

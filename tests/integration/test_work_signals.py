@@ -14,12 +14,14 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
+from services.committer import watch
 from services.model_step.service import ModelStepService
 from services.model_step.work import LostItems, WorkPuller, consumer_config
 from shared.bus import ensure_all, get_msg, purge_work, signal_work
-from shared.client import LoopClient
-from shared.content import AIMessage, text_of
-from shared.events import new_id
+from shared.client import CommitClient, LoopClient
+from shared.content import AIMessage, text_of, user_text
+from shared.events import TurnStarted, make, new_id
+from shared.history import load
 from shared.settings import Settings
 from tests.integration.committer_fixtures import running_committer
 from tests.syshelpers import wait_history, write_script
@@ -158,3 +160,47 @@ async def test_a_healthy_work_queue_has_no_lost_items(settings: Settings, nc: NA
         assert await lost.check() == []
     await held.nak()
     await puller.close()
+
+
+async def _wait_for_signal(nc: NATS, settings: Settings, loop_id: str, seconds: float) -> int:
+    """The loop's pending signal once there is one within ``seconds`` (0: none came)."""
+    deadline = anyio.current_time() + seconds
+    while anyio.current_time() < deadline:
+        if seq := await _pending(nc, settings, loop_id):
+            return seq
+        await anyio.sleep(0.05)
+    return 0
+
+
+async def test_a_command_s_work_that_no_drive_took_up_is_signalled_again(
+    settings: Settings, nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The work consumer has dropped a delivered item before: the command's signal is all that wakes
+    # the loop. With no model-step running, the item is taken away here after the command; the
+    # committer queues the work again once no drive wrote and none holds the loop's lease.
+    monkeypatch.setattr(watch, "FIRST_LOOK_SECONDS", 0.5)
+    names = settings.names
+    async with running_committer(settings):
+        lc = LoopClient(nc, names)
+        loop_id = new_id()
+        await lc.start(loop_id, model="demo")
+        await lc.input(loop_id, "hello")
+        first = await _pending(nc, settings, loop_id)
+        assert first > 0
+        assert await purge_work(nc, names, loop_id, through_seq=first) == 1
+
+        # A loop a replica drives (its lease is held) is not signalled, however long the drive takes.
+        leases = await nc.jetstream().key_value(names.leases_bucket)
+        await leases.put(loop_id, b"someone driving it")
+        assert await _wait_for_signal(nc, settings, loop_id, 2.5) == 0
+
+        await leases.delete(loop_id)
+        again = await _wait_for_signal(nc, settings, loop_id, 5.0)
+        assert again > first
+
+        # A loop whose history grew after the command (a drive wrote) is no longer watched.
+        await purge_work(nc, names, loop_id, through_seq=again)
+        h = await load(nc, names, loop_id)
+        started = make(TurnStarted, loop_id=loop_id, turn_id=new_id(), turn_index=1, message=user_text("hello"))
+        await CommitClient(nc, names).commit(loop_id, h.last_seq, [started])
+        assert await _wait_for_signal(nc, settings, loop_id, 2.5) == 0

@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 from services.model_step.steps import step_id_for
 from shared import events as ev
 from shared import shaping
-from shared.bus import JetStreamError, JetStreamUnavailableError, direct_get_batch
+from shared.bus import JetStreamError, JetStreamUnavailableError, direct_get_batch, get_msg
 from shared.client import ApiResult, LoopClient
 from shared.codec import decode_live_frame
 from shared.content import AIMessage, ToolResultMessage, text_of, tool_uses
@@ -663,6 +663,31 @@ async def verify_loop(
     c = check_events(events, st, closed=st.closed, accepted=accepted)
     c.violations.extend(await chain_violations(nc, settings, st.loop_id))
     return c
+
+
+async def why_stuck(nc: NATS, settings: Settings, loop_id: str) -> str:
+    """Where a loop that did not finish stands outside its history: its work item, the work
+    consumer's counts and its lease (what tells a lost wake-up from a drive that never ends)."""
+    names = settings.names
+    js = nc.jetstream()
+    parts: list[str] = []
+    try:
+        m = await get_msg(nc, names.work_stream, last_by_subj=names.work(loop_id))
+        parts.append(f"work item: {'none' if m is None else f'seq {m.seq}'}")
+        ci = await js.consumer_info(names.work_stream, names.work_consumer)
+        parts.append(
+            f"consumer: delivered {ci.delivered.stream_seq}, ack floor {ci.ack_floor.stream_seq}, "
+            f"pending {ci.num_pending}, ack pending {ci.num_ack_pending}, redelivered {ci.num_redelivered}"
+        )
+        kv = await js.key_value(names.leases_bucket)
+        try:
+            e = await kv.get(loop_id)
+            parts.append(f"lease: {e.value!r} rev {e.revision}")
+        except Exception:
+            parts.append("lease: none")
+    except Exception as e:  # a diagnosis, not a check
+        parts.append(f"({e!r})")
+    return "; ".join(parts)
 
 
 # --- a scenario's report -------------------------------------------------------------------------

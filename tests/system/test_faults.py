@@ -44,6 +44,7 @@ from tests.system.faultkit import (
     sigstop,
     stream_leader,
     verify_loop,
+    why_stuck,
     write_model,
 )
 
@@ -289,6 +290,7 @@ async def run_scenario(
         report.violations.extend(f"{st.loop_id}: {v}" for v in c.violations)
         if c.terminal != "TurnDone":
             report.violations.append(f"{st.loop_id}: terminal {c.terminal}")
+            report.violations.append(f"{st.loop_id}: {await why_stuck(nc, settings, st.loop_id)}")
     report.steps_committed = steps
     report.tool_fault_results = dict(faults)
     report.tool_retries = load.live.retries
