@@ -200,9 +200,9 @@ class LoopApi:
             assert isinstance(req, CloseRequest)
             decide = lambda h: self._close(h, loop_id, command_id)  # noqa: E731
         async with self._loop_lock(loop_id):
-            seq, signal = await self._read_modify_write(loop_id, verb, command_id, decide)
+            seq, signal, last = await self._read_modify_write(loop_id, verb, command_id, decide)
         if signal:
-            await self._signal_work(loop_id, seq)
+            await self._signal_work(loop_id, seq, last)
         return ApiReply(ok=True, seq=seq, loop_id=loop_id if isinstance(req, StartRequest) else None)
 
     # --- read-modify-write ----------------------------------------------------------------------
@@ -237,7 +237,7 @@ class LoopApi:
 
     async def _read_modify_write(
         self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, bool, Event | None]:
         """Decide on the loop's fold and append with OCC at its ``last_seq``; on a conflict read and decide again.
 
         The first decision may skip the read: on a quiet cached fold (see :class:`_HistoryCache`), or on
@@ -263,7 +263,7 @@ class LoopApi:
                 if unread is not None:
                     unread = None
                     continue
-                return outcome.seq, outcome.signal_work
+                return outcome.seq, outcome.signal_work, None
             events = _stamp(outcome.events, loop_id, verb, command_id)
             try:
                 payloads = [encode_event(e, max_bytes=self._settings.max_record_bytes) for e in events]
@@ -287,7 +287,7 @@ class LoopApi:
             self._cache.put(loop_id, h, quiet=not outcome.signal_work)
             if verb != "start":  # a loop just started has no drive to tell
                 await self._notify_driver(loop_id, payloads)
-            return seqs[-1], outcome.signal_work
+            return seqs[-1], outcome.signal_work, events[-1]
 
     async def _notify_driver(self, loop_id: str, payloads: list[bytes]) -> None:
         """Republish stored records on the loop's control subject for the model-step driving it.
@@ -302,7 +302,7 @@ class LoopApi:
         except Exception as e:
             log.warning("loop %s: could not notify its driver (%s)", loop_id, e)
 
-    async def _signal_work(self, loop_id: str, seq: int) -> None:
+    async def _signal_work(self, loop_id: str, seq: int, last: Event | None = None) -> None:
         """Queue the loop's work after a command stored (or repeated) records that need a drive.
 
         A command is acknowledged only once its work is queued: stored records with no work item
@@ -327,7 +327,10 @@ class LoopApi:
                 "repeat the same request to queue it",
             ) from None
         self._unqueued.pop(loop_id, None)
-        self.watch.queued(loop_id, seq)
+        if last is not None:
+            self.watch.stored(loop_id, seq, last)  # the records this command wrote, through ``last``
+        else:
+            self.watch.queued(loop_id, seq)
 
     async def requeue(self) -> None:
         """Until cancelled: queue the work of loops whose command could not queue it (see

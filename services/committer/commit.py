@@ -27,6 +27,7 @@ from shared.protocol import CommitReply, CommitRequest, WireError, decode_reques
 from shared.validate import is_uuid
 
 from .appender import Appender
+from .watch import WorkWatch
 
 MAX_EVENTS_PER_COMMIT: Final = 1000  # the server's atomic-batch limit
 MAX_SEQ: Final = 2**63 - 1  # largest expected_last_seq accepted (stream sequences are far below it)
@@ -98,8 +99,11 @@ def prepare(loop_id: str, raws: list[bytes], *, max_input_bytes: int, max_record
 
 
 class CommitHandler:
-    def __init__(self, appender: Appender, *, max_input_bytes: int, max_record_bytes: int) -> None:
+    def __init__(
+        self, appender: Appender, *, max_input_bytes: int, max_record_bytes: int, watch: WorkWatch | None = None
+    ) -> None:
         self._appender = appender
+        self._watch = watch
         self._max_input = max_input_bytes
         self._max_record = max_record_bytes
         self._span_name = f"append {appender.stream}"
@@ -145,10 +149,14 @@ class CommitHandler:
             )
         prepared = self._prepare(loop_id, req)
         if req.chain:
-            return await self._appender.append_chain(
+            seqs = await self._appender.append_chain(
                 loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids
             )
-        return await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
+        else:
+            seqs = await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
+        if self._watch is not None and seqs:
+            self._watch.stored(loop_id, seqs[-1], prepared.events[len(seqs) - 1])
+        return seqs
 
     def _prepare(self, loop_id: str, req: CommitRequest) -> Prepared:
         return prepare(

@@ -99,8 +99,10 @@ class CommitterService:
             # A record must fit in one message with its headers, whatever LW_MAX_RECORD_BYTES says.
             max_record = min(settings.max_record_bytes, nc.max_payload - _REQUEST_OVERHEAD)
             appender = Appender(nc, names, retry_seconds=settings.commit_retry_seconds)
-            commits = CommitHandler(appender, max_input_bytes=settings.max_record_bytes, max_record_bytes=max_record)
             api = LoopApi(nc, settings, appender)
+            commits = CommitHandler(
+                appender, max_input_bytes=settings.max_record_bytes, max_record_bytes=max_record, watch=api.watch
+            )
             subs = [
                 await subscribe_quick(
                     nc, names.commit_all, self._dispatcher(nc, commits.handle), queue=COMMITTER_QUEUE

@@ -1,15 +1,17 @@
-"""After a command queued a loop's work: make sure a drive takes it up, whatever became of the signal.
+"""Loops that should be driven: make sure a drive takes them up, whatever became of their work signal.
 
-A command that needs a drive (an input, a gate's answer, ...) is acknowledged once its work signal is
-in the work stream. That signal is the only thing that wakes the loop, and the work consumer has
-been seen to drop an item it had delivered while model-step replicas were killed: the item was
-no longer delivered or waiting for an ack, and the loop waited for ever with its answer stored.
+A loop moves on only while a drive holds it, and a drive starts only from a work item. A command that
+needs a drive (an input, a gate's answer, ...) queues one; a drive that ends with work left queues
+one. With model-step replicas killed, loops have been left with a record that needed a drive —
+a gate's answer, or a step whose next step was never run — and no work item at all, waiting for ever.
 
-So the committer watches the loops whose work it queued. A loop whose history has not grown
-since the command, and which no replica drives (no lease), some seconds later, is signalled
-again — a spare signal costs one drive that finds nothing to do. A loop that grew, or that is driven,
-needs nothing more; a loop still untouched after a few signals is left alone (its drive may find
-nothing to do, e.g. an interrupt of a turn that had already ended), with a warning.
+So the committer, which stores every record, watches each loop whose last record it stored needs a
+drive: every record but those a loop rests on (idle, parked at a gate, closed, started without an
+input). A loop whose history has not grown since, and which no replica drives (no lease), some
+seconds later, is signalled again — a spare signal costs one drive that finds nothing to do. A loop
+that grew, or that is driven, needs nothing more; a loop still untouched after a few signals is left
+alone (its drive may find nothing to do, e.g. an interrupt of a turn that had already ended), with a
+warning.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from shared.bus import JetStreamError, JetStreamUnavailableError, get_msg, signal_work
+from shared.events import (
+    Event,
+    GateOpened,
+    LoopClosed,
+    LoopIdle,
+    LoopStarted,
+    PermissionRequested,
+    UserInputRequested,
+)
 from shared.subjects import Names
 
 log = logging.getLogger("loopwire.committer.watch")
@@ -35,6 +46,15 @@ log = logging.getLogger("loopwire.committer.watch")
 FIRST_LOOK_SECONDS: Final = 5.0
 # Signals sent again before the loop is left to its own.
 MAX_SIGNALS: Final = 3
+# Records a loop rests on: after them no drive is due until a command comes.
+RESTING: Final[tuple[type[Event], ...]] = (
+    LoopIdle,
+    LoopClosed,
+    GateOpened,
+    PermissionRequested,
+    UserInputRequested,
+    LoopStarted,
+)
 # How often the watched loops are looked at, and how many at once.
 TICK_SECONDS: Final = 1.0
 LOOKS_AT_ONCE: Final = 32
@@ -63,6 +83,13 @@ class WorkWatch:
     def queued(self, loop_id: str, seq: int) -> None:
         """The command that stored the loop's records through ``seq`` queued its work just now."""
         self._loops[loop_id] = _Watched(seq=seq, due=time.monotonic() + self._first_look)
+
+    def stored(self, loop_id: str, seq: int, last: Event) -> None:
+        """A commit or a command stored ``last`` at ``seq``: watch the loop unless it rests there."""
+        if isinstance(last, RESTING):
+            self._loops.pop(loop_id, None)
+        else:
+            self.queued(loop_id, seq)
 
     async def run(self) -> None:
         """Until cancelled: look at the loops that are due."""

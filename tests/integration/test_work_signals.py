@@ -20,7 +20,7 @@ from services.model_step.work import LostItems, WorkPuller, consumer_config
 from shared.bus import ensure_all, get_msg, purge_work, signal_work
 from shared.client import CommitClient, LoopClient
 from shared.content import AIMessage, text_of, user_text
-from shared.events import TurnStarted, make, new_id
+from shared.events import LoopIdle, TurnDone, TurnStarted, make, new_id
 from shared.history import load
 from shared.settings import Settings
 from tests.integration.committer_fixtures import running_committer
@@ -175,8 +175,8 @@ async def _wait_for_signal(nc: NATS, settings: Settings, loop_id: str, seconds: 
 async def test_a_command_s_work_that_no_drive_took_up_is_signalled_again(
     settings: Settings, nc: NATS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The work consumer has dropped a delivered item before: the command's signal is all that wakes
-    # the loop. With no model-step running, the item is taken away here after the command; the
+    # A loop has been left with a record that needed a drive and no work item (model-step replicas
+    # killed). With no model-step running, the item is taken away here after the command; the
     # committer queues the work again once no drive wrote and none holds the loop's lease.
     monkeypatch.setattr(watch, "FIRST_LOOK_SECONDS", 0.5)
     names = settings.names
@@ -198,9 +198,18 @@ async def test_a_command_s_work_that_no_drive_took_up_is_signalled_again(
         again = await _wait_for_signal(nc, settings, loop_id, 5.0)
         assert again > first
 
-        # A loop whose history grew after the command (a drive wrote) is no longer watched.
+        # A drive's record after which the loop needs more driving is watched like a command's ...
         await purge_work(nc, names, loop_id, through_seq=again)
         h = await load(nc, names, loop_id)
-        started = make(TurnStarted, loop_id=loop_id, turn_id=new_id(), turn_index=1, message=user_text("hello"))
+        turn = new_id()
+        started = make(TurnStarted, loop_id=loop_id, turn_id=turn, turn_index=1, message=user_text("hello"))
         await CommitClient(nc, names).commit(loop_id, h.last_seq, [started])
+        after_drive = await _wait_for_signal(nc, settings, loop_id, 5.0)
+        assert after_drive > again
+
+        # ... and one the loop rests on is not: nothing is due until the next command.
+        await purge_work(nc, names, loop_id, through_seq=after_drive)
+        h = await load(nc, names, loop_id)
+        rest = [make(TurnDone, loop_id=loop_id, turn_id=turn, turn_index=1), make(LoopIdle, loop_id=loop_id)]
+        await CommitClient(nc, names).commit(loop_id, h.last_seq, rest)
         assert await _wait_for_signal(nc, settings, loop_id, 2.5) == 0
