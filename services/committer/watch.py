@@ -62,26 +62,23 @@ LOOKS_AT_ONCE: Final = 32
 
 @dataclass(slots=True)
 class _Watched:
-    seq: int  # the loop's last record when the command queued its work
+    seq: int  # the loop's last record when it was watched: a record after it means a drive wrote
     due: float  # monotonic
     signals: int = 0
 
 
 class WorkWatch:
-    """The loops this committer queued work for, until a drive has taken it up."""
+    """The loops whose last record this committer stored needs a drive, until a drive takes them up."""
 
-    def __init__(self, nc: NATS, names: Names, *, first_look: float | None = None) -> None:
+    def __init__(self, nc: NATS, names: Names) -> None:
         self._nc = nc
         self._names = names
-        self._first_look = FIRST_LOOK_SECONDS if first_look is None else first_look
+        self._first_look = FIRST_LOOK_SECONDS
         self._loops: dict[str, _Watched] = {}
         self._leases: KeyValue | None = None
 
-    def __len__(self) -> int:
-        return len(self._loops)
-
     def queued(self, loop_id: str, seq: int) -> None:
-        """The command that stored the loop's records through ``seq`` queued its work just now."""
+        """The loop's records through ``seq`` need a drive (its work was queued just now)."""
         self._loops[loop_id] = _Watched(seq=seq, due=time.monotonic() + self._first_look)
 
     def stored(self, loop_id: str, seq: int, last: Event) -> None:

@@ -78,12 +78,19 @@ async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
             await anyio.sleep(0.5)
 
 
-def _seq(msg: Msg) -> str:
-    """A work item's stream sequence, for the logs."""
-    try:
-        return str(msg.metadata.sequence.stream)
-    except Exception:  # not a JetStream message (cannot happen for items the puller returns)
-        return "?"
+class _Item:
+    """A work item in the logs: its stream sequence, read only when a line is written."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: Msg) -> None:
+        self.msg = msg
+
+    def __str__(self) -> str:
+        try:
+            return str(self.msg.metadata.sequence.stream)
+        except Exception:  # not a JetStream message (cannot happen for items the puller returns)
+            return "?"
 
 
 @dataclass(slots=True)
@@ -279,14 +286,14 @@ class ModelStepService:
         handling = self._busy.get(loop_id)
         if handling is not None:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
             if handling.finishing:
-                log.debug("loop %s: item %s came while its drive finishes; back soon", loop_id, _seq(msg))
+                log.debug("loop %s: item %s came while its drive finishes; back soon", loop_id, _Item(msg))
                 await msg.nak(delay=BUSY_NAK_SECONDS)
                 return
             # The drive looks at the history again when it ends and then removes this signal; it comes
             # back if the drive stops before, after the ack wait like the drive's own item.
             with contextlib.suppress(Exception):
                 handling.noted = max(handling.noted, msg.metadata.sequence.stream)
-            log.debug("loop %s: item %s came during its drive; noted", loop_id, _seq(msg))
+            log.debug("loop %s: item %s came during its drive; noted", loop_id, _Item(msg))
             await msg.nak(delay=work_ack_wait(self.settings))
             return
         handling = self._busy[loop_id] = _Handling()
@@ -306,10 +313,10 @@ class ModelStepService:
         assert leases is not None
         lease = await leases.acquire(loop_id)
         if lease is None:
-            log.debug("loop %s: item %s: another replica drives the loop; back soon", loop_id, _seq(msg))
+            log.debug("loop %s: item %s: another replica drives the loop; back soon", loop_id, _Item(msg))
             await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
-        log.debug("loop %s: item %s: driving", loop_id, _seq(msg))
+        log.debug("loop %s: item %s: driving", loop_id, _Item(msg))
         acked = at_rest = False
         try:
             async with anyio.create_task_group() as tg:
@@ -322,14 +329,13 @@ class ModelStepService:
                     await msg.ack()
                     at_rest = next_action(h).action is Action.NONE
                     acked = True
-                    if log.isEnabledFor(logging.DEBUG):
-                        log.debug(
-                            "loop %s: item %s acked; drive ended at seq %d (%s)",
-                            loop_id,
-                            _seq(msg),
-                            h.last_seq,
-                            "at rest" if at_rest else "work left",
-                        )
+                    log.debug(
+                        "loop %s: item %s acked; drive ended at seq %d (%s)",
+                        loop_id,
+                        _Item(msg),
+                        h.last_seq,
+                        "at rest" if at_rest else "work left",
+                    )
                 except LeaseLost:
                     log.info("loop %s: stopped driving (lease no longer held)", loop_id)
                 tg.cancel_scope.cancel()

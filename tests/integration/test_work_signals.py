@@ -172,11 +172,11 @@ async def _wait_for_signal(nc: NATS, settings: Settings, loop_id: str, seconds: 
     return 0
 
 
-async def test_a_command_s_work_that_no_drive_took_up_is_signalled_again(
+async def test_work_that_no_drive_took_up_is_signalled_again(
     settings: Settings, nc: NATS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A loop has been left with a record that needed a drive and no work item (model-step replicas
-    # killed). With no model-step running, the item is taken away here after the command; the
+    # killed). With no model-step running, the item is taken away here after each record; the
     # committer queues the work again once no drive wrote and none holds the loop's lease.
     monkeypatch.setattr(watch, "FIRST_LOOK_SECONDS", 0.5)
     names = settings.names
