@@ -115,7 +115,7 @@ class ToolRegistry:
     async def start(self, timeout: float = 10.0) -> None:
         kv = await ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
         self._watcher = cast(_Watcher, await kv.watchall())
-        self._task = asyncio.get_running_loop().create_task(self._follow())
+        self._task = asyncio.get_running_loop().create_task(self._follow(kv))
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         with anyio.fail_after(timeout):
             await self._loaded.wait()
@@ -132,16 +132,35 @@ class ToolRegistry:
                 await self._watcher.stop()
             self._watcher = None
 
-    async def _follow(self) -> None:
+    async def _follow(self, kv: KeyValue) -> None:
         assert self._watcher is not None
+        applied = 0
         async for entry in self._watcher:
-            if entry is None:  # end of the initial values
-                self._loaded.set()
+            if entry is None:
+                # nats-py's "initial values done" marker can come before entries the server had
+                # already delivered (it compares its count of received messages, still 0 while they
+                # wait for its callback, with the consumer's pending count, already 0): before any
+                # entry it is believed only for an empty bucket; otherwise the entry that left
+                # nothing pending (below) marks the end of the initial values.
+                if not self._loaded.is_set() and (applied or await self._bucket_empty(kv)):
+                    self._loaded.set()
                 continue
+            applied += 1
             try:
                 self._apply(entry.key, entry.value, entry.operation)
             except Exception:  # one bad entry never stops discovery
                 log.warning("tools registry: ignoring entry %r", entry.key, exc_info=True)
+            if entry.delta == 0:
+                self._loaded.set()
+
+    @staticmethod
+    async def _bucket_empty(kv: KeyValue) -> bool:
+        """Whether the bucket holds no entry (False when JetStream cannot tell: wait for entries)."""
+        try:
+            return (await kv.status()).values == 0
+        except Exception:
+            log.warning("tools registry: cannot read the bucket's status", exc_info=True)
+            return False
 
     def _apply(self, key: str, value: bytes | None, op: str | None) -> None:
         name, _, worker_id = key.partition(".")
