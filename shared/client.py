@@ -4,7 +4,8 @@ Both **raise** on an error reply: a :class:`shared.protocol.RemoteError` subclas
 (``ConflictError`` with ``last_seq``, ``InvalidRequestError``, ``UnavailableError``,
 ``TooLargeError``, ``NotFoundError``, ``ClosedError``). No answer in time (or no committer running)
 raises ``UnavailableError`` too. Retrying a request unchanged is always safe: commits are
-de-duplicated by event id and loop-API commands by command id.
+de-duplicated by event id and loop-API commands by command id; so the clients send a request again
+themselves while no reply has come (``DEFAULT_RESEND``), which a committer's crash then costs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from shared import telemetry
-from shared.bus import request_with_grace
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
+from shared.connection import request_resending
 from shared.content import UserMessage
 from shared.errors import ErrorKind
 from shared.events import Event, Limits, RetryPolicy
@@ -50,6 +51,12 @@ __all__ = ["ApiResult", "CommitClient", "CommitResult", "LoopClient"]
 # The committer retries an unavailable JetStream for LW_COMMIT_RETRY_SECONDS (10 s) before it
 # answers; wait a little longer than that.
 DEFAULT_TIMEOUT: Final = 15.0
+# A request with no reply yet is sent again after these pauses (then no more): a committer that died
+# holding it never answers, and the copy goes to a live one. Both are answered alike, since commits
+# are de-duplicated by event id and commands by command id. The first pause is far above a commit's
+# usual time (milliseconds), so a copy is rare without a fault; the growing ones bound the copies a
+# committer that is slow for a reason of its own (JetStream electing a leader) gets to four.
+DEFAULT_RESEND: Final = (1.0, 2.0, 4.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +85,16 @@ def _unavailable(message: str) -> UnavailableError:
 NO_RESPONDERS_GRACE: Final = 2.0
 
 
-async def _request(nc: NATS, subject: str, payload: bytes, wait: float) -> bytes:
+async def _request(nc: NATS, subject: str, payload: bytes, wait: float, resend: Sequence[float]) -> bytes:
     try:
-        msg = await request_with_grace(
-            nc, subject, payload, timeout=wait, grace=NO_RESPONDERS_GRACE, headers=telemetry.headers_or_none()
+        msg = await request_resending(
+            nc,
+            subject,
+            payload,
+            timeout=wait,
+            resend=resend,
+            grace=NO_RESPONDERS_GRACE,
+            headers=telemetry.headers_or_none(),
         )
     except nats.errors.NoRespondersError:
         raise _unavailable(f"no committer is serving {subject}") from None
@@ -107,10 +120,13 @@ def _check_loop_id(loop_id: str) -> None:
 class CommitClient:
     """Append events to a loop through the committer (``lw.commit.<loop_id>``)."""
 
-    def __init__(self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT, resend: Sequence[float] = DEFAULT_RESEND
+    ) -> None:
         self._nc = nc
         self._names = names
         self._timeout = timeout
+        self._resend = resend
 
     def commit(
         self,
@@ -142,7 +158,9 @@ class CommitClient:
         _check_loop_id(loop_id)
         events = [msgspec.Raw(e) for e in envelopes]
         body = encode(CommitRequest(expected_last_seq=expected_last_seq, events=events, chain=chain))
-        return self.parse_reply(await _request(self._nc, self._names.commit(loop_id), body, self._timeout))
+        return self.parse_reply(
+            await _request(self._nc, self._names.commit(loop_id), body, self._timeout, self._resend)
+        )
 
     @staticmethod
     def parse_reply(data: bytes) -> CommitResult:
@@ -162,14 +180,17 @@ def _new_id() -> str:
 class LoopClient:
     """The loop API (``lw.api.<loop_id>.<verb>``). Command ids are minted when not given."""
 
-    def __init__(self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, nc: NATS, names: Names, timeout: float = DEFAULT_TIMEOUT, resend: Sequence[float] = DEFAULT_RESEND
+    ) -> None:
         self._nc = nc
         self._names = names
         self._timeout = timeout
+        self._resend = resend
 
     async def _call(self, loop_id: str, verb: Verb, req: msgspec.Struct, command_id: str) -> ApiResult:
         _check_loop_id(loop_id)
-        data = await _request(self._nc, self._names.api(loop_id, verb), encode(req), self._timeout)
+        data = await _request(self._nc, self._names.api(loop_id, verb), encode(req), self._timeout, self._resend)
         try:
             reply = _api_reply.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:

@@ -19,14 +19,17 @@ every commit: a NUID and random bytes for the reply token (here a counter), and 
 use. It raises what ``Client.request`` raises (``nats.errors.TimeoutError``,
 ``NoRespondersError``), so callers handle both alike; ``Connection.request`` is this function, so
 nats-py's own JetStream and key-value calls on a connection take it too.
+:func:`request_resending` sends an idempotent request again while no reply comes, so a queue-group
+member that died holding it costs a resend pause, not the timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import nats.errors
@@ -45,6 +48,9 @@ _NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _SPACE_IN_NAME: Final = re.compile(rb"[\t\n\x0b\x0c\r\x1c-\x1f ]")
 _NO_RESPONDERS: Final = "503"
 _PING: Final = b"PING\r\n"
+# The pause before another copy of a request whose every copy reached nobody (request_resending).
+_LOST_BACKOFF_FIRST: Final = 0.02
+_LOST_BACKOFF_CAP: Final = 0.25
 
 
 class Connection(Client):
@@ -189,6 +195,33 @@ class _Replies:
         return False
 
 
+class _Copies:
+    """The replies to the copies of one :func:`request_resending`: the first real reply, and how many
+    copies were sent and answered "no responders" (reached nobody)."""
+
+    __slots__ = ("lost", "reply", "sent", "wake")
+
+    def __init__(self, wake: asyncio.Future[None]) -> None:
+        self.reply: Msg | None = None
+        self.sent = 0
+        self.lost = 0
+        self.wake = wake
+
+    def add(self, msg: Msg) -> bool:
+        if msg.headers and msg.headers.get(H_STATUS) == _NO_RESPONDERS:
+            self.lost += 1
+            if self.lost < self.sent:
+                return True  # another copy may still be answered
+        elif self.reply is None:
+            self.reply = msg
+        self.wake_up()
+        return True
+
+    def wake_up(self) -> None:
+        if not self.wake.done():
+            self.wake.set_result(None)
+
+
 class _Inbox:
     """The replies of one connection's requests: one wildcard subscription, a future per request
     (or a list, for a request with several replies)."""
@@ -196,7 +229,7 @@ class _Inbox:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
         self.prefix = nc.new_inbox() + "."
-        self.waiting: dict[str, asyncio.Future[Msg] | _Replies] = {}
+        self.waiting: dict[str, asyncio.Future[Msg] | _Replies | _Copies] = {}
         self.started = False
         self.count = 0
         self._lock = asyncio.Lock()
@@ -216,7 +249,7 @@ class _Inbox:
         waiter = self.waiting.get(token)
         if waiter is None:
             return
-        if isinstance(waiter, _Replies):
+        if not isinstance(waiter, asyncio.Future):
             if waiter.add(msg):
                 del self.waiting[token]
             return
@@ -274,6 +307,72 @@ async def request(
     if msg.headers and msg.headers.get(H_STATUS) == _NO_RESPONDERS:
         raise nats.errors.NoRespondersError
     return msg
+
+
+async def request_resending(
+    nc: Client,
+    subject: str,
+    payload: bytes,
+    *,
+    timeout: float,
+    resend: Sequence[float],
+    grace: float,
+    headers: Mapping[str, str] | None = None,
+) -> Msg:
+    """A request for an idempotent service in a queue group, sent again unchanged while no reply comes:
+    copy k+1 goes out ``resend[k]`` seconds after copy k, and the first reply to any copy is the answer.
+
+    A member that died holding a copy never answers, and its interest left with its connection, so
+    the next copy reaches a live member; a slow member's reply still counts when it comes. A copy
+    answered "no responders" reached nobody: while every copy so far did, another is sent after a
+    short backoff for up to ``grace`` seconds (a service that just started may not have its interest
+    known to our server yet), then ``NoRespondersError``. ``nats.errors.TimeoutError`` when no reply
+    came within ``timeout``. The first copy costs what :func:`request` does.
+    """
+    inbox = await _inbox_of(nc)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + timeout
+    hdrs = dict(headers) if headers else None
+    copies = _Copies(loop.create_future())
+    gaps = iter(resend)
+    gap = next(gaps, math.inf)
+    backoff = _LOST_BACKOFF_FIRST
+    tokens: list[str] = []
+    try:
+        while True:
+            token = inbox.token()
+            tokens.append(token)
+            inbox.waiting[token] = copies
+            copies.sent += 1
+            await nc.publish(subject, payload, reply=inbox.prefix + token, headers=hdrs)
+            sent_at = loop.time()
+            while True:
+                timer = loop.call_later(min(sent_at + gap, deadline) - loop.time(), copies.wake_up)
+                try:
+                    await copies.wake
+                finally:
+                    timer.cancel()
+                if copies.reply is not None:
+                    return copies.reply
+                copies.wake = loop.create_future()
+                now = loop.time()
+                if copies.lost == copies.sent:  # every copy reached nobody
+                    if now - start >= min(grace, timeout):
+                        raise nats.errors.NoRespondersError
+                    await asyncio.sleep(backoff)
+                    backoff = min(_LOST_BACKOFF_CAP, 2 * backoff)
+                    break
+                if now >= deadline:
+                    raise nats.errors.TimeoutError
+                if now >= sent_at + gap:
+                    gap = next(gaps, math.inf)
+                    break
+            if copies.reply is not None:
+                return copies.reply
+    finally:
+        for token in tokens:
+            inbox.waiting.pop(token, None)
 
 
 async def request_many(

@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.bus import connect
-from shared.connection import Connection, request, request_many
+from shared.connection import Connection, request, request_many, request_resending
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -201,6 +201,73 @@ async def test_a_flush_after_subscribing_means_the_server_has_the_subscription(s
                 missed += 1
             await sub.unsubscribe()
         assert missed == 0
+    finally:
+        await responder.close()
+        await caller.close()
+
+
+async def test_a_resent_request_reaches_a_live_member_when_the_first_dies_holding_it(settings: Settings) -> None:
+    # Two members of a queue group; the one that gets the first copy dies without answering (its
+    # connection closes, as with a SIGKILL): the next copy is answered by the other, one resend later.
+    caller = await connect(settings)
+    subject = f"{settings.prefix}.svc"
+    got: dict[str, list[float]] = {"doomed": [], "live": []}
+    doomed = await connect(settings)
+    live = await connect(settings)
+    loop = asyncio.get_running_loop()
+
+    async def swallow(msg: Msg) -> None:
+        got["doomed"].append(loop.time())
+        await doomed.close()
+
+    async def answer(msg: Msg) -> None:
+        got["live"].append(loop.time())
+        await msg.respond(b"live:" + msg.data)
+
+    await doomed.subscribe(subject, queue="q", cb=swallow)
+    await live.subscribe(subject, queue="q", cb=answer)
+    await doomed.flush()
+    await live.flush()
+    try:
+        for i in range(40):  # until the doomed member has taken (and died holding) a first copy
+            t0 = loop.time()
+            reply = await request_resending(caller, subject, str(i).encode(), timeout=5, resend=(0.3, 5), grace=1)
+            assert reply.data == f"live:{i}".encode()
+            if got["doomed"]:
+                assert 0.3 <= loop.time() - t0 < 1.5, "answered by the next copy, not after the timeout"
+                break
+        assert got["doomed"], "the queue group never routed a copy to the member that dies"
+    finally:
+        await live.close()
+        await caller.close()
+
+
+async def test_a_slow_reply_to_an_earlier_copy_is_the_answer_and_copies_stop_at_the_schedule(
+    settings: Settings,
+) -> None:
+    caller = await connect(settings)
+    responder = await connect(settings)
+    subject = f"{settings.prefix}.slow"
+    copies: list[bytes] = []
+
+    async def slow_first(msg: Msg) -> None:
+        copies.append(msg.data)
+        if len(copies) == 1:
+            await anyio.sleep(0.5)  # the first copy is answered after two more were sent
+            await msg.respond(b"first")
+
+    await responder.subscribe(subject, cb=slow_first)
+    await responder.flush()
+    try:
+        reply = await request_resending(caller, subject, b"x", timeout=5, resend=(0.1, 0.2), grace=1)
+        assert reply.data == b"first"
+        assert copies == [b"x", b"x", b"x"], "one copy per pause of the schedule, then none"
+        with pytest.raises(nats.errors.TimeoutError):  # nobody answers any copy
+            await request_resending(caller, f"{settings.prefix}.slow", b"y", timeout=0.8, resend=(0.1,), grace=1)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(nats.errors.NoRespondersError):  # every copy reached nobody, for the grace
+            await request_resending(caller, f"{settings.prefix}.nobody", b"z", timeout=5, resend=(1,), grace=0.5)
+        assert 0.5 <= asyncio.get_running_loop().time() - t0 < 2
     finally:
         await responder.close()
         await caller.close()
