@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ MAX_EVENTS_PAGE: Final = 1000
 MAX_BODY_BYTES: Final = 256 * 1024
 MAX_TEXT_CHARS: Final = 100_000
 MAX_OPERATOR_CHARS: Final = 64
+# An integer as the API takes it: ASCII digits only (str.isdigit() and int() also take other
+# scripts' digits, and int() not all that isdigit() takes), short enough that int() never refuses it.
+_INTEGER: Final = re.compile(r"-?[0-9]{1,19}")
 CHANGE_INTERVAL: Final = 0.25  # at most this often a "changed" notice per page
 # How long the console waits at start-up for its index to catch up before it serves anyway.
 INDEX_WAIT_SECONDS: Final = 3.0
@@ -219,17 +223,21 @@ def loop_id_of(request: Request) -> str:
     return loop_id
 
 
+def integer(raw: str, name: str, *, low: int = 0, high: int = 2**63 - 1) -> int:
+    """``raw`` as an integer in ``[low, high]``; anything else is an ``invalid`` naming ``name``."""
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(ErrorKind.INVALID, f"{name} must be an integer (ASCII digits)", field=name)
+    value = int(raw)
+    if not low <= value <= high:
+        raise ApiError(ErrorKind.INVALID, f"{name} must be between {low} and {high}", field=name)
+    return value
+
+
 def int_param(request: Request, name: str, default: int, *, low: int = 0, high: int = 2**63 - 1) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(ErrorKind.INVALID, f"{name} must be an integer", field=name) from None
-    if not low <= value <= high:
-        raise ApiError(ErrorKind.INVALID, f"{name} must be between {low} and {high}", field=name)
-    return value
+    return integer(raw, name, low=low, high=high)
 
 
 def parse_policy(text: str) -> dict[str, PolicyEffect]:
@@ -327,6 +335,10 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
                 loop_id = str(request.path_params["loop_id"])
                 if not is_uuid(loop_id):
                     return error_page(404, "No such loop", f"{loop_id!r} is not a loop id (a lowercase UUID).")
+                if not rules.token_ok(console.token, request.headers.get(TOKEN_HEADER)):
+                    # Without the token, the same page for every id: its own API calls (which carry the
+                    # token) say whether the loop exists. A lookup here would tell anyone which ids do.
+                    return HTMLResponse(page_html(name), headers={"Cache-Control": "no-store"})
                 index = console.index
                 if index is None or not index.following:
                     return error_page(503, "Not ready", "The console is waiting for the loops' history stream.")
@@ -455,12 +467,7 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         loop_id = loop_id_of(request)
         await summary_of(loop_id)
         resume = request.headers.get("last-event-id")
-        if resume:
-            if not resume.isdigit():
-                raise ApiError(ErrorKind.INVALID, "Last-Event-ID must be a stream sequence", field="Last-Event-ID")
-            after = int(resume)
-        else:
-            after = int_param(request, "after", 0)
+        after = integer(resume, "Last-Event-ID") if resume else int_param(request, "after", 0)
         assert console.nc is not None
         feed = loop_feed(console.nc, settings.names, loop_id, after)
         return StreamingResponse(feed, media_type="text/event-stream", headers=_SSE_HEADERS)
@@ -483,9 +490,7 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         max_iterations = body.get("max_iterations", "")
         limits = None
         if max_iterations:
-            if not max_iterations.isdigit() or int(max_iterations) < 1:
-                raise ApiError(ErrorKind.INVALID, "max_iterations must be a positive integer", field="max_iterations")
-            limits = Limits(max_iterations=int(max_iterations))
+            limits = Limits(max_iterations=integer(max_iterations, "max_iterations", low=1, high=1_000_000))
         res = await console.client.start(
             loop_id,
             model=body.get("model") or None,
@@ -509,14 +514,13 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         body = await body_of(request)
         cid = command_id_of(body)
         at_text = body.get("at", "")
-        if at_text and not at_text.isdigit():
-            raise ApiError(ErrorKind.INVALID, "at must be a stream sequence", field="at")
+        at = integer(at_text, "at") if at_text else None
         text = text_field(body, "input")
         await summary_of(loop_id)
         # The new loop's id derives from the command's: a retried request makes one fork.
         res = await console.client.fork(
             loop_id,
-            at=int(at_text) if at_text else None,
+            at=at,
             input=text if text.strip() else None,
             loop_id=str(uuid.uuid5(uuid.UUID(cid), "fork")),
             command_id=cid,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -22,10 +24,13 @@ from tests.integration.committer_fixtures import running_committer
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def console(settings: Settings) -> Iterator[str]:
+TOKEN = "s3cret-console-token"
+
+
+@contextmanager
+def console_process(settings: Settings, token: str) -> Iterator[str]:
     port = free_port()
-    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": ""}
+    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": token}
     with tempfile.TemporaryDirectory(prefix="lw-console-") as d:
         proc = ServiceProcess(
             "console", ["-m", "services.cli", "console", "--port", str(port)], env, log_path=str(Path(d) / "log")
@@ -35,6 +40,18 @@ def console(settings: Settings) -> Iterator[str]:
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.stop(timeout=10)
+
+
+@pytest.fixture
+def console(settings: Settings) -> Iterator[str]:
+    with console_process(settings, "") as url:
+        yield url
+
+
+@pytest.fixture
+def guarded_console(settings: Settings) -> Iterator[str]:
+    with console_process(settings, TOKEN) as url:
+        yield url
 
 
 async def frames(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[tuple[str, str, dict]]:
@@ -132,3 +149,54 @@ async def test_a_page_of_large_records_is_read_whole_and_cut(console: str, setti
         for seq in (other.seq, seqs[-1] + 10**6, 0, 2**64):
             r = await client.get(f"/api/loops/{loop_id}/events/{seq}")
             assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
+
+
+async def test_without_the_token_an_existing_loop_and_an_unknown_one_look_the_same(
+    guarded_console: str, settings: Settings, nc: NATS
+) -> None:
+    async with running_committer(settings), httpx.AsyncClient(base_url=guarded_console, timeout=10) as client:
+        loop_id = (await LoopClient(nc, settings.names).start()).loop_id
+        unknown = str(uuid.uuid4())
+        authed = {"X-Loopwire-Token": TOKEN}
+        with anyio.fail_after(10):  # the console's index has seen the loop
+            while (await client.get(f"/api/loops/{loop_id}", headers=authed)).status_code != 200:
+                await anyio.sleep(0.05)
+        for headers in ({}, {"X-Loopwire-Token": "wrong"}):
+            pages = [await client.get(f"/loops/{i}", headers=headers) for i in (loop_id, unknown)]
+            assert [p.status_code for p in pages] == [200, 200]
+            assert pages[0].text == pages[1].text
+            apis = [await client.get(f"/api/loops/{i}", headers=headers) for i in (loop_id, unknown)]
+            assert [a.status_code for a in apis] == [401, 401]
+            assert apis[0].json() == apis[1].json()
+        # With the token the page may say what it found.
+        assert (await client.get(f"/loops/{loop_id}", headers=authed)).status_code == 200
+        assert (await client.get(f"/loops/{unknown}", headers=authed)).status_code == 404
+
+
+# Numbers as a client may send them: other scripts' digits (which str.isdigit() takes and int() may
+# not), too large for a sequence, negative, and not numbers at all.
+BAD_NUMBERS = ["²", "١٢", "99999999999999999999999", "9" * 5000, "-1", "1.5", "1 2", "0x10", "abc"]
+
+
+async def test_every_malformed_number_is_a_clear_400(console: str, settings: Settings, nc: NATS) -> None:
+    async with running_committer(settings), httpx.AsyncClient(base_url=console, timeout=10) as client:
+        loop_id = (await LoopClient(nc, settings.names).start()).loop_id
+        with anyio.fail_after(10):
+            while (await client.get(f"/api/loops/{loop_id}")).status_code != 200:
+                await anyio.sleep(0.05)
+        post = {"Origin": console}
+        for value in BAD_NUMBERS:
+            cases = {
+                "at": await client.post(f"/api/loops/{loop_id}/fork", json={"at": value}, headers=post),
+                "max_iterations": await client.post("/api/loops", json={"max_iterations": value}, headers=post),
+                "Last-Event-ID": await client.get(
+                    f"/api/loops/{loop_id}/stream", headers={b"Last-Event-ID": value.encode()}
+                ),
+                "after": await client.get(f"/api/loops/{loop_id}/stream", params={"after": value}),
+                "before": await client.get(f"/api/loops/{loop_id}/events", params={"before": value}),
+                "page": await client.get("/api/loops", params={"page": value}),
+            }
+            for field, r in cases.items():
+                assert r.status_code == 400, (value, field, r.status_code, r.text[:300])
+                error = r.json()["error"]
+                assert error["kind"] == "invalid" and error["field"] == field, (value, field, error)
