@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -45,10 +45,14 @@ __all__ = [
     "bounded_diagnostic",
     "flatten_to_text",
     "format_seconds",
+    "image_note",
+    "image_size",
     "invalid_arguments",
     "is_empty_response",
     "mint_tool_use_id",
+    "omit_images",
     "permission_denied",
+    "result_content",
     "result_preview",
     "safe_prefix",
     "sanitize_ai_message",
@@ -230,12 +234,30 @@ def _omission_marker(omitted: int, total: int) -> bytes:
     return f"\n[tool output truncated: omitted {omitted} of {total} bytes]\n".encode()
 
 
+_MARKER_RE: Final = re.compile(rb"\n\[tool output truncated: omitted ([0-9]{1,19}) of ([0-9]{1,19}) bytes\]\n")
+
+
+def _earlier_cut(data: bytes) -> tuple[bytes, bytes, int] | None:
+    """(head, tail, original size) of a result an earlier :func:`truncate_result` cut, else None.
+
+    Only a marker whose figures add up (the bytes around it plus the omitted ones make the original
+    size) counts, so tool output that merely quotes such a line is cut like any other text.
+    """
+    for m in _MARKER_RE.finditer(data):
+        omitted, total = int(m[1]), int(m[2])
+        if len(data) - len(m[0]) + omitted == total:
+            return data[: m.start()], data[m.end() :], total
+    return None
+
+
 def truncate_result(text: str, max_bytes: int) -> str:
     """Shape a tool result to ``max_bytes`` UTF-8 bytes (0 = unbounded).
 
     A longer result keeps a head and a tail (halves of what the marker leaves) around
-    ``\\n[tool output truncated: omitted X of Y bytes]\\n``; X and Y count UTF-8 bytes. A bound too
-    small for the marker keeps only the head.
+    ``\\n[tool output truncated: omitted X of Y bytes]\\n``; X and Y count UTF-8 bytes. A result that
+    an earlier cut left (a worker's, to fit a NATS message) is cut from its kept head and tail, and
+    the one marker then counts against the original size. A bound too small for the marker keeps
+    only the head.
     """
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
@@ -243,13 +265,14 @@ def truncate_result(text: str, max_bytes: int) -> str:
     if max_bytes == 0:
         return clean
     data = clean.encode()
-    total = len(data)
-    if total <= max_bytes:
+    if len(data) <= max_bytes:
         return clean
+    earlier = _earlier_cut(data)
+    head_of, tail_of, total = earlier if earlier is not None else (data, data, len(data))
 
     def shape(budget: int) -> tuple[bytes, bytes, int]:
-        head = _cut_head(data, budget // 2)
-        tail = _cut_tail(data, budget - budget // 2)
+        head = _cut_head(head_of, budget // 2)
+        tail = _cut_tail(tail_of, budget - budget // 2)
         return head, tail, total - len(head) - len(tail)
 
     longest = len(_omission_marker(total, total))  # omitted <= total: this marker is never shorter
@@ -265,22 +288,72 @@ def truncate_result(text: str, max_bytes: int) -> str:
     return (head + _omission_marker(omitted, total) + tail).decode()
 
 
-def flatten_to_text(blocks: Sequence[Block] | None) -> str:
-    """Text and refusal blocks pass through (concatenated); any other block is ``[unsupported <type>]``."""
+def _size_text(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KB"
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def image_size(image: ImageBlock) -> int:
+    """The bytes an image's base64 data decodes to (0 for an image given by URL)."""
+    data = image.data or ""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def image_note(number: int, image: ImageBlock, omitted: str = "") -> str:
+    """Where a result's image ``number`` (from 1) stood among its text; with ``omitted``, why the
+    image itself is not in the result: ``[image 1: image/png, 1.2 MB, omitted: <why>]``."""
+    what = image.url if image.url else _size_text(image_size(image))
+    end = f", omitted: {omitted}]" if omitted else "]"
+    return f"[image {number}: {image.media_type or 'unknown type'}, {what}{end}"
+
+
+def result_content(blocks: Sequence[Block] | None, *, omit_images_why: str = "") -> tuple[str, list[ImageBlock]]:
+    """A tool's result blocks as (text, images): text and refusal items one per line, each image
+    noted where it stood (:func:`image_note`) and returned apart to follow the text as image blocks.
+    With ``omit_images_why``, no image is returned and each note says why it was omitted."""
     parts: list[str] = []
+    images: list[ImageBlock] = []
     for b in blocks or ():
         if isinstance(b, TextBlock | RefusalBlock):
             parts.append(b.text)
+        elif isinstance(b, ImageBlock):
+            number = len(images) + 1
+            images.append(b)
+            parts.append(image_note(number, b, omit_images_why))
         else:
             parts.append(f"[unsupported {type(b).__struct_config__.tag}]")
-    return "".join(parts)
+    return "\n".join(parts), [] if omit_images_why else images
 
 
-def tool_result_message(tool_use_id: str, text: str, *, is_error: bool, max_bytes: int = 0) -> ToolResultMessage:
-    """One tool-role message with exactly one TextBlock, shaped to ``max_bytes`` (0 = unbounded)."""
-    return ToolResultMessage(
-        tool_use_id=tool_use_id, blocks=[TextBlock(text=truncate_result(text, max_bytes))], is_error=is_error
-    )
+def flatten_to_text(blocks: Sequence[Block] | None) -> str:
+    """Text and refusal items one per line; each image a note of its type and size; any other block
+    ``[unsupported <type>]``."""
+    return result_content(blocks)[0]
+
+
+def omit_images(
+    text: str, images: Sequence[ImageBlock], why: str, which: Callable[[ImageBlock], bool] = lambda _: True
+) -> tuple[str, list[ImageBlock]]:
+    """Leave out the ``images`` that ``which`` picks (all by default): ``text`` with their notes (numbered
+    from 1, as :func:`result_content` made them) saying ``why``, and the images kept."""
+    kept: list[ImageBlock] = []
+    for number, image in enumerate(images, 1):
+        if which(image):
+            text = text.replace(image_note(number, image), image_note(number, image, why), 1)
+        else:
+            kept.append(image)
+    return text, kept
+
+
+def tool_result_message(
+    tool_use_id: str, text: str, *, is_error: bool, max_bytes: int = 0, images: Sequence[ImageBlock] = ()
+) -> ToolResultMessage:
+    """One tool-role message: a TextBlock shaped to ``max_bytes`` (0 = unbounded), then ``images``."""
+    blocks: list[Block] = [TextBlock(text=truncate_result(text, max_bytes)), *images]
+    return ToolResultMessage(tool_use_id=tool_use_id, blocks=blocks, is_error=is_error)
 
 
 # --- model replies --------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
 from shared import shaping, telemetry
 from shared.backoff import Backoff
 from shared.codec import encode_live, encode_live_frame
-from shared.content import ToolResultMessage
+from shared.content import ImageBlock, TextBlock, ToolResultMessage
 from shared.events import (
     Event,
     Limits,
@@ -87,6 +87,7 @@ class _Item:
     spec: ToolSpec | None = None
     text: str | None = None  # set once the call's result is known
     is_error: bool = False
+    images: list[ImageBlock] = field(default_factory=list)  # a result's images, noted in its text
     write_key: str | None = None
     started: float = field(default_factory=time.monotonic)
     replayed: bool = False
@@ -122,6 +123,7 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
         # It finished in an earlier run of this step: that outcome stands (even if the tool is gone now).
         timeout = float(spec.timeout_seconds or 0.0) if spec is not None else 0.0
         item.text, item.is_error = normalise(use.name, timeout, recorded)
+        item.images = images_of(recorded)
         item.replayed = True
         return
     if spec is None:
@@ -208,6 +210,13 @@ async def run_batch(
 
     async def complete(item: _Item) -> None:
         assert item.text is not None
+        if max_result_bytes and item.images:
+            item.text, item.images = shaping.omit_images(
+                item.text,
+                item.images,
+                "larger than the loop's max_result_bytes",
+                lambda image: len(image.data or "") > max_result_bytes,
+            )
         item.text = shaping.truncate_result(item.text, max_result_bytes)
         await emit(
             ToolCallCompleted(
@@ -294,6 +303,7 @@ async def run_batch(
                 await backoff.sleep()
                 attempt += 1
             item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
+            item.images = images_of(outcome)
             if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not spec.healthy:
                 # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
                 source = spec.source or "its backend"
@@ -338,28 +348,52 @@ async def run_batch(
 
 
 def _results(items: Sequence[_Item], fit: RecordFit | None) -> list[ToolResultMessage]:
-    results = [shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error) for it in items]
+    results = [
+        shaping.tool_result_message(it.plan.call.id, it.text or "", is_error=it.is_error, images=it.images)
+        for it in items
+    ]
     return results if fit is None else fit_results(fit, results)
 
 
+def _text_and_images(r: ToolResultMessage) -> tuple[str, list[ImageBlock]]:
+    """A result :func:`shaping.tool_result_message` made, taken apart: its text, then its images."""
+    blocks = r.blocks or []
+    text = blocks[0].text if blocks and isinstance(blocks[0], TextBlock) else ""
+    return text, [b for b in blocks if isinstance(b, ImageBlock)]
+
+
 def fit_results(fit: RecordFit, results: list[ToolResultMessage]) -> list[ToolResultMessage]:
-    """Shrink tool outputs (head/tail truncation) so the step group fits in one durable record."""
-    size = len(msgspec.json.encode([fit.message, *results]))
+    """Shrink tool outputs so the step group fits in one durable record: images are left out first
+    (each noted in its text as omitted), then texts are cut (head and tail kept)."""
     budget = int(fit.max_record_bytes * 0.9) - 4096  # room for the envelope, header fields and other events
-    if size <= budget or not results:
+    if not results or len(msgspec.json.encode([fit.message, *results])) <= budget:
         return results
+    parts = [_text_and_images(r) for r in results]
+    if any(images for _, images in parts):
+        why = "the step's record has no room for it"
+        results = [
+            shaping.tool_result_message(r.tool_use_id, shaping.omit_images(text, images, why)[0], is_error=r.is_error)
+            for r, (text, images) in zip(results, parts, strict=True)
+        ]
+        if len(msgspec.json.encode([fit.message, *results])) <= budget:
+            return results
     fixed = len(msgspec.json.encode(fit.message)) + 200 * len(results)
     per = max(256, (budget - fixed) // len(results))
     return [
-        shaping.tool_result_message(
-            r.tool_use_id, shaping.flatten_to_text(r.blocks or []), is_error=r.is_error, max_bytes=per
-        )
+        shaping.tool_result_message(r.tool_use_id, _text_and_images(r)[0], is_error=r.is_error, max_bytes=per)
         for r in results
     ]
 
 
+def images_of(outcome: cl.CallOutcome) -> list[ImageBlock]:
+    """The images of a tool's answer, in order (noted in :func:`normalise`'s text where they stood)."""
+    if outcome.status != cl.OK or outcome.result is None:
+        return []
+    return [b for b in outcome.result.blocks or () if isinstance(b, ImageBlock)]
+
+
 def normalise(name: str, timeout: float, outcome: cl.CallOutcome) -> tuple[str, bool]:
-    """A call outcome as (model-visible text, is_error)."""
+    """A call outcome as (model-visible text, is_error); a result's images are only noted in the text."""
     if outcome.status == cl.OK and outcome.result is not None:
         text = shaping.flatten_to_text(outcome.result.blocks)
         if not text:

@@ -663,8 +663,9 @@ class Worker:
             body = b""
         if body and len(body) <= limit:
             return body
-        # Too big or not encodable: one text block, UTF-8 cleaned and cut to fit.
-        text = shaping.truncate_result(shaping.flatten_to_text(result.blocks), limit // 2)
+        # Too big or not encodable: one text block (images noted as left out), UTF-8 cleaned and cut to fit.
+        text, _ = shaping.result_content(result.blocks, omit_images_why="the result was too large for a NATS message")
+        text = shaping.truncate_result(text, limit // 2)
         return p.encode(p.ResultBody(blocks=[TextBlock(text=text)], is_error=result.is_error))
 
     def _progress(self, call: _Call, message: str) -> None:

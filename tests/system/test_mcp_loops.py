@@ -13,8 +13,9 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared import events as ev
+from shared import shaping
 from shared.client import LoopClient
-from shared.content import ToolResultMessage, text_of
+from shared.content import ImageBlock, ToolResultMessage, text_of
 from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests.mcpfixtures import everything_command, probe_command, time_command
@@ -113,3 +114,38 @@ async def test_long_running_operation_reports_progress(settings: Settings, nc: N
         result = next(e for _, e in events if isinstance(e, ev.StepDone)).messages[1]
         assert isinstance(result, ToolResultMessage) and not result.is_error
         assert "completed" in text_of(result).lower()
+
+
+async def test_an_mcp_image_is_committed_as_an_image_block_or_a_note_saying_why_not(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    model = write_script(tmp_path, [_tool_step("everything_get-tiny-image", "{}"), "seen"])
+    with system(settings, tools=()) as s:
+        bridge(s, "everything", everything_command())
+        lc = LoopClient(nc, settings.names)
+        roomy, tight = str(uuid.uuid4()), str(uuid.uuid4())
+        await lc.start(roomy, model=model)
+        # A result bound smaller than the image: the image is left out and its note says why.
+        await lc.start(tight, model=model, limits=ev.Limits(max_result_bytes=256))
+        for loop_id in (roomy, tight):
+            await lc.input(loop_id, "show me the image")
+        results: dict[str, ToolResultMessage] = {}
+        for loop_id in (roomy, tight):
+            await wait_history(nc, settings, loop_id, lambda h: h.idle)
+            events = await history(nc, settings, loop_id)
+            check_history_invariants(events)
+            result = next(e for _, e in events if isinstance(e, ev.StepDone)).messages[1]
+            assert isinstance(result, ToolResultMessage) and not result.is_error
+            results[loop_id] = result
+        blocks = results[roomy].blocks or []
+        assert [type(b).__name__ for b in blocks] == ["TextBlock", "ImageBlock"]
+        image = blocks[1]
+        assert isinstance(image, ImageBlock) and image.media_type == "image/png" and image.data
+        note = shaping.image_note(1, image)
+        assert note == f"[image 1: image/png, {shaping.image_size(image) / 1024:.1f} KB]"
+        lines = text_of(results[roomy]).split("\n")
+        assert lines[0] == "Here's the image you requested:" and lines[1] == note and len(lines) >= 3
+        tight_blocks = results[tight].blocks or []
+        assert [type(b).__name__ for b in tight_blocks] == ["TextBlock"]
+        assert "[image 1: image/png, " in text_of(results[tight])
+        assert "omitted: larger than the loop's max_result_bytes]" in text_of(results[tight])

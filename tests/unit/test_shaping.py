@@ -534,7 +534,9 @@ def test_flatten_to_text() -> None:
         tu("t1"),
         TextBlock(text="c"),
     ]
-    assert shaping.flatten_to_text(blocks) == "ab[unsupported image][unsupported thinking][unsupported tool_use]c"
+    assert shaping.flatten_to_text(blocks) == (
+        "a\nb\n[image 1: image/png, 0 bytes]\n[unsupported thinking]\n[unsupported tool_use]\nc"
+    )
     assert shaping.flatten_to_text(None) == ""
     assert shaping.flatten_to_text([]) == ""
 
@@ -643,3 +645,49 @@ def test_property_truncate_result(text: str, max_bytes: int) -> None:
     head, omitted, total, tail = _split(out)
     assert total == nbytes(norm) and omitted + nbytes(head) + nbytes(tail) == total
     assert norm.startswith(head) and norm.endswith(tail)
+
+
+PNG_4K = ImageBlock(media_type="image/png", data="A" * 5464)  # 5,464 base64 chars: 4,098 bytes
+
+
+def test_result_content_separates_items_and_notes_each_image_where_it_stood() -> None:
+    blocks: list[Block] = [
+        TextBlock(text="Here's the image:"),
+        PNG_4K,
+        TextBlock(text="The image above is 4 KB."),
+        ImageBlock(media_type="image/jpeg", url="https://example.com/a.jpg"),
+    ]
+    text, images = shaping.result_content(blocks)
+    assert text == (
+        "Here's the image:\n[image 1: image/png, 4.0 KB]\nThe image above is 4 KB.\n"
+        "[image 2: image/jpeg, https://example.com/a.jpg]"
+    )
+    assert images == [blocks[1], blocks[3]]
+    text, images = shaping.result_content(blocks, omit_images_why="too big")
+    assert images == [] and "[image 1: image/png, 4.0 KB, omitted: too big]" in text
+    kept_text, kept = shaping.omit_images(*shaping.result_content(blocks), "no room", lambda im: im.data is not None)
+    assert kept == [blocks[3]]
+    assert "[image 1: image/png, 4.0 KB, omitted: no room]" in kept_text
+    assert "[image 2: image/jpeg, https://example.com/a.jpg]" in kept_text
+    message = shaping.tool_result_message("t1", text, is_error=False, images=[PNG_4K])
+    assert message.blocks == [TextBlock(text=text), PNG_4K]
+
+
+def test_a_result_cut_twice_states_the_original_size() -> None:
+    original = "".join(f"line {i:07d}\n" for i in range(5_242_880 // 13))  # 13 bytes a line
+    total = len(original.encode())
+    first = shaping.truncate_result(original, 522_240)  # a worker's cut to a NATS message
+    second = shaping.truncate_result(first, 16_384)  # then the caller's, to the record
+    assert len(second.encode()) <= 16_384
+    markers = re.findall(r"\[tool output truncated: omitted (\d+) of (\d+) bytes\]", second)
+    assert len(markers) == 1, "one notice, not two stacked"
+    omitted, of = map(int, markers[0])
+    assert of == total
+    kept = len(second.encode()) - len(f"\n[tool output truncated: omitted {omitted} of {of} bytes]\n".encode())
+    assert omitted == total - kept
+    head, tail = second.split(f"\n[tool output truncated: omitted {omitted} of {of} bytes]\n")
+    assert original.startswith(head) and original.endswith(tail)
+    # A result that only quotes such a line is cut as any text (its figures do not add up).
+    quoted = "x" * 1000 + "\n[tool output truncated: omitted 5 of 10 bytes]\n" + "y" * 1000
+    cut = shaping.truncate_result(quoted, 400)
+    assert f"of {len(quoted)} bytes]" in cut

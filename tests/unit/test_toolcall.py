@@ -20,7 +20,7 @@ from services.tools.executor import fit_results
 from shared import events as ev
 from shared import shaping
 from shared.codec import encode_event
-from shared.content import AIMessage, TextBlock, ToolUseBlock
+from shared.content import AIMessage, ImageBlock, TextBlock, ToolUseBlock
 from shared.errors import InvalidEventError
 from shared.strictjson import EMBEDDED_MAX_DEPTH
 from shared.toolcall import ToolCall
@@ -88,6 +88,24 @@ def test_results_leave_the_executor_fitted_to_the_record() -> None:
     fitted = fit_results(RecordFit(ai, 1 << 20), big)
     assert len(msgspec.json.encode([ai, *fitted])) <= int((1 << 20) * 0.9) - 4096
     assert [(r.tool_use_id, r.is_error) for r in fitted] == [(r.tool_use_id, r.is_error) for r in big]
+
+
+def test_images_are_left_out_before_any_text_is_cut_to_fit_the_record() -> None:
+    ai = reply(GOOD)
+    image = ImageBlock(media_type="image/png", data="A" * 1_000_000)
+    text, images = shaping.result_content([TextBlock(text="a chart:"), image, TextBlock(text="done")])
+    fitted = fit_results(
+        RecordFit(ai, 1 << 20), [shaping.tool_result_message("t0", text, is_error=False, images=images)]
+    )
+    assert fitted[0].blocks == [
+        TextBlock(text="a chart:\n[image 1: image/png, 732.4 KB, omitted: the step's record has no room for it]\ndone")
+    ]
+    # An image that fits stays, after the text that notes it.
+    small = ImageBlock(media_type="image/png", data="A" * 4000)
+    text, images = shaping.result_content([TextBlock(text="a chart:"), small])
+    kept = fit_results(RecordFit(ai, 1 << 20), [shaping.tool_result_message("t0", text, is_error=False, images=images)])
+    assert kept[0].blocks == [TextBlock(text="a chart:\n[image 1: image/png, 2.9 KB]"), small]
+    assert encode_event(valid_event(ev.StepDone, messages=[ai, *kept]))
 
 
 def _step_with_input(raw: bytes) -> ev.Event:

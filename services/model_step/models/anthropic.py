@@ -276,7 +276,12 @@ def _assistant_blocks(blocks: list[Block] | None) -> list[dict[str, Any]]:
 
 
 def _tool_result(m: ToolResultMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_use_id, "content": _text_of(m.blocks)}
+    # A result with images is sent as content blocks (the API takes text and images there).
+    images = [_image(b) for b in m.blocks or () if isinstance(b, ImageBlock)]
+    content: str | list[dict[str, Any]] = _text_of(m.blocks)
+    if images:
+        content = [{"type": "text", "text": content}, *images] if content else images
+    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_use_id, "content": content}
     if m.is_error:
         out["is_error"] = True
     return out
