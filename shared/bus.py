@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import ssl
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import anyio
 import msgspec
 import nats
 import nats.errors
@@ -54,6 +57,8 @@ from shared.subjects import (
 )
 
 log = logging.getLogger("loopwire.bus")
+
+ERROR_LOG_INTERVAL: Final = 30.0
 
 # An entry of the tools registry that nobody refreshes for this long disappears.
 TOOLS_TTL_SECONDS: Final = 10.0
@@ -166,10 +171,64 @@ async def connect(settings: Settings, *, name: str = "loopwire", **options: Any)
         if settings.nats_tls_cert:
             ctx.load_cert_chain(settings.nats_tls_cert, settings.nats_tls_key or None)
         opts["tls"] = ctx
+    opts.setdefault("error_cb", _error_log(name))
     opts.update(options)
     nc = Connection()
     await nc.connect(**opts)
     return nc
+
+
+@dataclass
+class _Repeats:
+    text: str = ""
+    logged_at: float = 0.0
+    unshown: int = 0
+
+
+def _error_log(name: str) -> Callable[[Exception], Awaitable[None]]:
+    """A connection's errors as one log line each, no traceback, and while they repeat (a server
+    down: every reconnect attempt fails the same way) one line per :data:`ERROR_LOG_INTERVAL` with
+    the count of those not shown. nats-py's own logs each with its traceback, many a second."""
+    last = _Repeats()
+
+    async def on_error(e: Exception) -> None:
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        now = time.monotonic()
+        if text == last.text and now - last.logged_at < ERROR_LOG_INTERVAL:
+            last.unshown += 1
+            return
+        more = f" ({last.unshown} more like it)" if last.unshown and text == last.text else ""
+        log.warning("NATS connection %s: %s%s", name, text, more)
+        last.text, last.logged_at, last.unshown = text, now, 0
+
+    return on_error
+
+
+async def broker_reachable(settings: Settings, within: float = 1.0) -> bool:
+    """Whether a NATS server of ``settings`` takes a new connection and answers a PING, each within
+    ``within`` seconds (a server that is stopped accepts the TCP connection but never says hello)."""
+
+    async def quiet(_: Exception) -> None:
+        pass
+
+    try:
+        with anyio.fail_after(2 * within + 1):
+            nc = await connect(
+                settings,
+                name="loopwire-probe",
+                connect_timeout=within,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                error_cb=quiet,
+            )
+            try:
+                await nc.flush(timeout=within)  # type: ignore[arg-type]  # a float works; the stub says int
+            finally:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+    except Exception:
+        return False
+    return True
 
 
 # --- streams and buckets ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.lifecycle import let_go
 from shared import telemetry
 from shared.bus import IncompatibleConfigError, connect, ensure_all
 from shared.connection import subscribe_quick
@@ -121,15 +122,13 @@ class CommitterService:
                 with anyio.CancelScope(shield=True):
                     await self._drain(subs)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                for task in list(self._tasks):
-                    task.cancel()
-                if self._tasks:
-                    await asyncio.gather(*self._tasks, return_exceptions=True)
-                try:
-                    await nc.drain()
-                except nats.errors.Error:
-                    await nc.close()
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(2):
+                    for task in list(self._tasks):
+                        task.cancel()
+                    if self._tasks:
+                        await asyncio.gather(*self._tasks, return_exceptions=True)
+                await let_go(nc)
 
     async def _drain(self, subs: list[Subscription]) -> None:
         log.info("draining (%d in flight)", self._inflight.count)

@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from services.lifecycle import close_quietly, let_go
 from services.model_step.driver import LoopDriver
 from services.model_step.lease import LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
@@ -138,8 +139,7 @@ class ModelStepService:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await registry.stop()
-                with contextlib.suppress(Exception):
-                    await nc.close()
+                await close_quietly(nc)
             raise
         self._nc = nc
         live = LiveOutbox(nc, names)
@@ -165,8 +165,7 @@ class ModelStepService:
                 # Items delivered to our inbox but never handled (cut short by the stop) come back to
                 # another replica after the ack wait.
                 await puller.close()
-                with contextlib.suppress(Exception):
-                    await nc.drain()
+                await let_go(nc)
 
     async def _on_disconnect(self) -> None:
         # Other replicas may take our loops over as soon as our connection is gone (see lease.py).
