@@ -19,6 +19,7 @@ from typing import Any, Final
 import anyio
 import msgspec
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
@@ -28,6 +29,7 @@ from rich.text import Text
 
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
+from services.lifecycle import raise_single
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -61,6 +63,9 @@ DEFAULT_WAIT_SECONDS: Final = 300.0
 # --- connecting and running ---------------------------------------------------------------------
 
 
+NO_DEPLOYMENT_HINT: Final = "`loopwire up` starts a deployment and prints the URL to set as LW_NATS_URL"
+
+
 def _reason(e: BaseException | None) -> str:
     if e is None:
         return "no server answered"
@@ -91,7 +96,8 @@ async def open_nats(settings: Settings, *, name: str = "loopwire-cli") -> NATS:
         )
     except (OSError, nats.errors.Error, TimeoutError) as e:
         cause = next((x for x in reversed(seen) if not isinstance(x, nats.errors.NoServersError)), e)
-        raise CliError(f"cannot connect to NATS at {','.join(settings.nats_urls)} ({_reason(cause)})") from None
+        where = ",".join(settings.nats_urls)
+        raise CliError(f"cannot connect to NATS at {where} ({_reason(cause)}); {NO_DEPLOYMENT_HINT}") from None
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +105,11 @@ async def session(settings: Settings) -> AsyncIterator[NATS]:
     """A connection for one command; remote and JetStream failures become :class:`CliError`."""
     nc = await open_nats(settings)
     try:
-        yield nc
+        try:
+            await _require_deployment(nc, settings)
+            yield nc
+        except BaseExceptionGroup as group:
+            raise_single(group)  # one failure of a command's tasks reads as itself
     except CliError:
         raise  # already one line; the LoopwireError clause below would wrap it again
     except RemoteError as e:
@@ -113,6 +123,25 @@ async def session(settings: Settings) -> AsyncIterator[NATS]:
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(Exception):
             await nc.close()
+
+
+async def _require_deployment(nc: NATS, settings: Settings) -> None:
+    """A clear error when the server holds no loopwire deployment (no history stream, or no JetStream
+    at all), instead of "no loops yet" or a failed read. Anything else (say, no permission to ask)
+    leaves the command to go on and report what it meets."""
+    stream = settings.names.history_stream
+    where = ",".join(settings.nats_urls)
+    try:
+        await nc.jetstream(timeout=5).stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        why = f"no stream {stream}; another LW_PREFIX?"
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+        why = "JetStream is not enabled on that server"
+    except (nats.errors.Error, TimeoutError):
+        return
+    else:
+        return
+    raise CliError(f"no loopwire deployment at {where} ({why}); {NO_DEPLOYMENT_HINT}")
 
 
 def require_uuid(value: str, what: str) -> str:

@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+import anyio
+
 from services.cli.errors import CliError
 from services.runner import run_service
 from shared.settings import Settings
@@ -68,6 +70,14 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(e)) from None
 
 
+async def _reachable(settings: Settings) -> None:
+    """Raise the CLI's "cannot connect to NATS" error unless a server of ``settings`` takes a connection."""
+    from services.cli.commands import open_nats
+    from services.lifecycle import close_quietly
+
+    await close_quietly(await open_nats(settings, name="loopwire-console-check"))
+
+
 def run_console(args: argparse.Namespace, settings: Settings) -> int:
     from services.console.service import TOKEN_VAR, ConsoleService, check_binding
     from shared.errors import ServiceStartError
@@ -76,6 +86,9 @@ def run_console(args: argparse.Namespace, settings: Settings) -> int:
     problem = check_binding(args.host, token)
     if problem:
         raise CliError(problem)
+    # Said at once, in one line: the console would otherwise serve pages about a deployment it
+    # cannot reach while its connection retries in the background.
+    anyio.run(_reachable, settings)
     service = ConsoleService(settings, host=args.host, port=args.port, token=token)
     try:
         return run_service("console", service, settings)

@@ -1,0 +1,61 @@
+"""The CLI pointed at no NATS server, or at one that holds no loopwire deployment: one ``error:``
+line that says which and what to do, exit 1, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.natsserver import NatsServer, free_port
+
+LOOPWIRE = str(Path(sys.executable).with_name("loopwire"))
+LOOP = "00000000-0000-4000-8000-000000000000"
+READERS = [["loops"], ["tail", LOOP], ["tail"], ["history", LOOP], ["gates"], ["tools"], ["lineage", LOOP]]
+
+
+def run(url: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {k: v for k, v in os.environ.items() if k != "LW_PREFIX"} | {"LW_NATS_URL": url, "LW_CONSOLE_TOKEN": ""}
+    started = time.monotonic()
+    done = subprocess.run([LOOPWIRE, *args], env=env, capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - started
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", [*READERS, ["console", "--port", "0"]], ids=lambda a: " ".join(a))
+def test_no_server_is_one_error_line_with_the_way_out(args: list[str]) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    done, took = run(url, *args)
+    line = one_error_line(done)
+    assert f"cannot connect to NATS at {url} (connection refused)" in line
+    assert "`loopwire up`" in line and "LW_NATS_URL" in line
+    assert took < 10, f"{args}: {took:.1f}s"
+
+
+@pytest.fixture(scope="module")
+def bare_server() -> Iterator[NatsServer]:
+    server = NatsServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.parametrize("args", READERS, ids=lambda a: " ".join(a))
+def test_a_server_without_loopwire_is_said_to_be_one(bare_server: NatsServer, args: list[str]) -> None:
+    done, _ = run(bare_server.url, *args)
+    line = one_error_line(done)
+    assert f"no loopwire deployment at {bare_server.url} (no stream LW_HISTORY; another LW_PREFIX?)" in line
+    assert "no loops yet" not in done.stdout
