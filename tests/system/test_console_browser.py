@@ -184,6 +184,28 @@ def wait_until(probe: Callable[[], T | None], timeout: float = 10.0, what: str =
         time.sleep(0.03)
 
 
+def on_page(browser: WebDriver, selector: str, *attributes: str) -> list[dict[str, str]]:
+    """What the elements matching ``selector`` show at one instant: their text and ``attributes``,
+    read in one script. The page re-renders its tables (the loops, the tools, a lineage) whenever
+    what they list changes, so an element found in one WebDriver call may be gone by the next."""
+    script = """
+        const [selector, names] = arguments;
+        return Array.from(document.querySelectorAll(selector)).map((e) => {
+            const out = { text: e.innerText };
+            for (const name of names) out[name] = e.getAttribute(name) ?? "";
+            return out;
+        });
+    """
+    rows: list[dict[str, str]] = browser.execute_script(script, selector, list(attributes))
+    return rows
+
+
+def text_now(browser: WebDriver, selector: str) -> str:
+    """The text of the first element matching ``selector`` now ("" when there is none)."""
+    found = on_page(browser, selector)
+    return found[0]["text"] if found else ""
+
+
 def committed(browser: WebDriver, event_type: str) -> list[Any]:
     return browser.find_elements(By.CSS_SELECTOR, f"#timeline .ev-{event_type}")
 
@@ -234,15 +256,14 @@ def test_start_and_send_from_the_page_streams_tokens_then_the_answer(d: Deployme
 
     # The loops page lists it, filterable by state and text.
     browser.get(d.console_url)
-    row = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-loop="{loop_id}"]'), what="the row")
-    assert "idle" in row[0].text
+    wait_until(lambda: "idle" in text_now(browser, f'tr[data-loop="{loop_id}"]'), what="the row, idle")
     browser.find_element(By.ID, "f-text").send_keys("no loop has this text")
     wait_until(lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-loop="{loop_id}"]'), what="filtered")
 
     # The tools page lists the live tools with their replicas and arguments.
     browser.get(d.console_url + "tools")
-    calc = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-tool="calculator"]'), what="tools")[0]
-    assert calc.find_elements(By.TAG_NAME, "td")[1].text == "1" and "expression: string" in calc.text
+    cells = wait_until(lambda: on_page(browser, 'tr[data-tool="calculator"] td'), what="the calculator's row")
+    assert cells[1]["text"] == "1" and "expression: string" in " ".join(c["text"] for c in cells)
 
 
 def test_gate_inbox_two_operators_one_answer_completes_the_turn(
@@ -400,7 +421,7 @@ def test_console_restart_resumes_with_every_event_exactly_once(d: Deployment, br
     shown = browser.execute_script("return window.lwSeqs")
     repeats = browser.execute_script("return window.lwRepeats")
     history = [r["seq"] for r in d.history(loop_id)]
-    rendered = [int(e.get_attribute("data-seq")) for e in browser.find_elements(By.CSS_SELECTOR, "#timeline .ev")]
+    rendered = [int(e["data-seq"]) for e in on_page(browser, "#timeline .ev", "data-seq")]
     assert repeats == 0
     assert shown == history == rendered
 
@@ -540,16 +561,22 @@ def test_thousands_of_loops_are_paged_and_filtered(d: Deployment, browser: WebDr
     first = browser.execute_script("return window.lwFirstRender")
     print(f"\nconsole: loops page with {n}+ loops, time to first render {first:.0f} ms")
     assert first < 1000
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")) == 50
+    assert len(on_page(browser, "#loops tbody tr")) == 50
     browser.find_element(By.ID, "f-text").send_keys(marker)
     Select(browser.find_element(By.ID, "f-state")).select_by_value("closed")
-    wait_until(lambda: "page 1 of 20 · 1000 loop(s)" in browser.find_element(By.ID, "page-info").text, what="filter")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")
-    assert len(rows) == 50 and all("closed" in r.text and marker in r.text for r in rows)
-    first_page = {r.get_attribute("data-loop") for r in rows}
+
+    def page(n: int) -> list[dict[str, str]] | None:
+        """Page ``n`` of the filtered list once the page shows it whole (the table and its page info
+        are read in one script each; both are re-rendered as the filter and the index change)."""
+        if f"page {n} of 20 · 1000 loop(s)" not in text_now(browser, "#page-info"):
+            return None
+        rows = on_page(browser, "#loops tbody tr", "data-loop")
+        whole = len(rows) == 50 and all("closed" in r["text"] and marker in r["text"] for r in rows)
+        return rows if whole and f"page {n} of 20" in text_now(browser, "#page-info") else None
+
+    first_page = {r["data-loop"] for r in wait_until(lambda: page(1), what="the filtered first page")}
     browser.find_element(By.ID, "next").click()
-    wait_until(lambda: "page 2 of 20" in browser.find_element(By.ID, "page-info").text, what="the next page")
-    second_page = {r.get_attribute("data-loop") for r in browser.find_elements(By.CSS_SELECTOR, "#loops tbody tr")}
+    second_page = {r["data-loop"] for r in wait_until(lambda: page(2), what="the next page")}
     assert len(first_page) == len(second_page) == 50 and not first_page & second_page
 
 
@@ -652,30 +679,23 @@ def test_fork_from_a_point_of_the_timeline_and_see_the_lineage(d: Deployment, br
 
     # "fork from here" on exactly the valid points: the input, the tool step, the turn's end.
     # (the buttons follow the loop: the answer's StepDone is a point until its TurnDone is stored)
-    def kinds_now() -> list[str]:
-        return [
-            b.find_element(By.XPATH, "..").get_attribute("data-type") or ""
-            for b in browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")
-        ]
+    def points_now() -> list[dict[str, str]]:
+        return on_page(browser, "#timeline .ev:has(> button.fork)", "data-type", "data-seq")
 
     with contextlib.suppress(AssertionError):
-        wait_until(lambda: kinds_now() == ["InputSubmitted", "StepDone", "TurnDone"], what="fork buttons")
-    kinds = kinds_now()
-    assert kinds == ["InputSubmitted", "StepDone", "TurnDone"], kinds
-    buttons = browser.find_elements(By.CSS_SELECTOR, "#timeline .ev button.fork")
-    at = int(buttons[-1].find_element(By.XPATH, "..").get_attribute("data-seq"))
-    buttons[-1].click()
+        wait_until(
+            lambda: [p["data-type"] for p in points_now()] == ["InputSubmitted", "StepDone", "TurnDone"],
+            what="fork buttons",
+        )
+    points = points_now()
+    assert [p["data-type"] for p in points] == ["InputSubmitted", "StepDone", "TurnDone"], points
+    at = int(points[-1]["data-seq"])
+    browser.find_element(By.CSS_SELECTOR, f'#timeline .ev[data-seq="{at}"] > button.fork').click()
     wait_until(lambda: loop_id not in browser.current_url, what="the fork's page")
     fork_id = browser.current_url.rstrip("/").split("/")[-1]
     wait_until(lambda: browser.execute_script("return document.body.dataset.ready === '1'"))
-    card = wait_until(
-        lambda: browser.find_element(By.ID, "lineage").is_displayed() and browser.find_element(By.ID, "lineage")
-    )
-    assert f"forked from {loop_id[:8]} at #{at}" in card.text
+    wait_until(lambda: f"forked from {loop_id[:8]} at #{at}" in text_now(browser, "#lineage"), what="the lineage")
     types = history_types(d, fork_id)
     assert types[:2] == ["LoopForked", "LoopStarted"] and types.count("TurnDone") == 1
     open_loop(browser, f"{d.console_url}loops/{loop_id}")
-    card = wait_until(
-        lambda: browser.find_element(By.ID, "lineage").is_displayed() and browser.find_element(By.ID, "lineage")
-    )
-    assert f"fork {fork_id[:8]} at #{at}" in card.text
+    wait_until(lambda: f"fork {fork_id[:8]} at #{at}" in text_now(browser, "#lineage"), what="the fork listed")
