@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         "again, idempotent ones reuse the recorded result, others ask).",
     )
     p.add_argument("loop", metavar="LOOP", help="the source loop id")
-    p.add_argument("--at", type=int, metavar="SEQ", help="fork point: a stream sequence of LOOP (see loopwire history)")
+    # Parsed by the command: a bad value is its one error line, not argparse's usage text.
+    p.add_argument("--at", metavar="SEQ", help="fork point: a stream sequence of LOOP (see loopwire history)")
     p.add_argument("--input", metavar="TEXT", help="replace the input the fork point ends with (else add it)")
     p.add_argument("--model", help="model of the new branch")
     p.add_argument("--system", help="system prompt of the new branch")

@@ -28,8 +28,20 @@ def parse_reexecution(items: list[str]) -> dict[str, Reexecution]:
     return out_
 
 
+def parse_point(text: str | None) -> int | None:
+    """``--at``: a stream sequence (ASCII digits, from 1), or None for the source's last fork point."""
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) >= 2**63:
+        raise CliError(
+            f"--at wants a stream sequence of LOOP (a whole number from 1; see loopwire history), got {text!r}"
+        )
+    return int(text)
+
+
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     source = require_uuid(args.loop, "LOOP")
+    at = parse_point(args.at)
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else None
     if args.input is not None and not args.input.strip():
         raise CliError("--input must not be empty")
@@ -39,7 +51,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings) as nc:
         res = await LoopClient(nc, settings.names).fork(
             source,
-            at=args.at,
+            at=at,
             input=args.input,
             model=args.model,
             system=args.system,

@@ -37,6 +37,7 @@ from services.model_step.models.base import (
     ToolDef,
     is_delta,
 )
+from services.model_step.models.registry import model_id
 from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
 from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
@@ -404,7 +405,7 @@ class LoopDriver:
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
-        model_name = request.model or h.config.model or self.settings.model
+        model_name = model_id(request.model or h.config.model or self.settings.model)
         chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
 
         def delta_of(c: ev.Chunk) -> ev.TokenDelta:

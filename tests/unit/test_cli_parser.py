@@ -260,3 +260,15 @@ def test_turn_tracker_follows_the_turn_that_consumed_the_input() -> None:
     assert done is not None and done.outcome == "interrupted" and done.seq == 6
     closed = TurnTracker(LOOP, cmd).feed(LoopClosed(loop_id=LOOP), 9)
     assert closed is not None and closed.outcome == "closed"
+
+
+@pytest.mark.parametrize("at", ["x", "-1", "0", "1.5", "²", "99999999999999999999"])
+def test_a_bad_fork_point_is_one_clear_line(at: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Checked before anything connects: no server is needed for the answer.
+    code = main(["--nats-url", "nats://127.0.0.1:9", "fork", str(uuid.uuid4()), "--at", at])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert (
+        err
+        == f"error: --at wants a stream sequence of LOOP (a whole number from 1; see loopwire history), got {at!r}\n"
+    )

@@ -7,6 +7,7 @@ HTTP ones bring the HTTP client).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import Final
 
 from services.model_step.models.base import Model, ModelError
@@ -46,4 +47,14 @@ def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[s
     raise ModelError(f"unknown model {shown!r}: expected one of {', '.join(MODEL_SPECS)}")
 
 
-__all__ = ["MODEL_SPECS", "resolve_model"]
+def model_id(spec: str) -> str:
+    """How spans, metrics and logs name the model of ``spec``: the spec itself, but a scripted model by
+    its file's name (``scripted:s.json``): a path says where a test kept its script, not which
+    model answered, and would give every temporary directory a metric series of its own."""
+    kind, sep, rest = spec.strip().partition(":")
+    if sep and kind == "scripted" and rest:
+        return f"scripted:{PurePath(rest).name}"
+    return spec
+
+
+__all__ = ["MODEL_SPECS", "model_id", "resolve_model"]
