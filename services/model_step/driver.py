@@ -181,9 +181,9 @@ class LoopDriver:
                             with turn_trace.advance(h, nxt.action is Action.START_TURN):
                                 await self._advance(h, nxt.action, nxt.gate)
                         except StepAbandoned as e:
-                            log.info("loop %s: step abandoned (%s)", loop_id, e)
+                            log.info("loop %s: step abandoned (%s)", loop_id, e, extra={"loop_id": loop_id})
                         except CommitRefused as e:
-                            log.error("loop %s: commit refused: %s", loop_id, e)
+                            log.error("loop %s: commit refused: %s", loop_id, e, extra={"loop_id": loop_id})
                             if not await self._fail_after_refusal(loop_id, str(e)):
                                 return h
                         h = await self._refresh(loop_id)
@@ -221,7 +221,7 @@ class LoopDriver:
         try:
             await self._fail_turn(h, "turn_panic", f"step could not be committed: {why}")
         except (StepAbandoned, CommitRefused) as e:
-            log.error("loop %s: could not end the turn: %s", loop_id, e)
+            log.error("loop %s: could not end the turn: %s", loop_id, e, extra={"loop_id": loop_id})
             return False
         return True
 
@@ -312,7 +312,9 @@ class LoopDriver:
                     # Unanswered is not refused: the commit may be stored. Retry exactly the same events
                     # (same event ids), so the committer recognises a stored one as done instead of
                     # finding a "partial append" where our first events match and a rebuilt one does not.
-                    log.warning("loop %s: committer unavailable (%s); retrying", h.loop_id, e)
+                    log.warning(
+                        "loop %s: committer unavailable (%s); retrying", h.loop_id, e, extra={"loop_id": h.loop_id}
+                    )
                     await backoff.sleep()
                 except (RemoteError, LoopwireError) as e:
                     # invalid / too_large: never retried blindly.

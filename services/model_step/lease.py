@@ -104,7 +104,7 @@ class Lease:
         if self.lost:
             return
         self.lost = True
-        log.warning("lease of loop %s %s", self.key, why)
+        log.warning("lease of loop %s %s", self.key, why, extra={"loop_id": self.key})
         for fn in self._on_lost:
             fn()
 
@@ -120,7 +120,7 @@ class Lease:
             self.give_up("taken by another replica")
             return False
         except Exception as e:  # transient: the lease lapses by itself if this goes on
-            log.warning("lease of loop %s: refresh failed: %s", self.key, e)
+            log.warning("lease of loop %s: refresh failed: %s", self.key, e, extra={"loop_id": self.key})
             return self.held
         if not self.lost:
             self.valid_until = sent + self.ttl - SAFETY_SECONDS
@@ -245,7 +245,9 @@ class Leases:
             revision = int(await self.kv.update(loop_id, self.value, last=entry.revision))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             return None  # another replica was faster, or the key expired meanwhile
-        log.info("loop %s taken over from a replica that is gone (%r)", loop_id, entry.value)
+        log.info(
+            "loop %s taken over from a replica that is gone (%r)", loop_id, entry.value, extra={"loop_id": loop_id}
+        )
         metrics.inc(metrics.LEASE_TAKEOVERS)
         return revision
 

@@ -155,7 +155,9 @@ class LiveOutbox:
                 await self._nc.publish(subject, encode_live_frame(p.events[start:end]))
                 start = end
         except Exception:
-            log.warning("could not publish the live events of loop %s", loop_id, exc_info=True)
+            log.warning(
+                "could not publish the live events of loop %s", loop_id, exc_info=True, extra={"loop_id": loop_id}
+            )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Send each loop's frame when it is a window old; idle (nothing pending) it waits for one."""

@@ -224,7 +224,11 @@ class ModelStepService:
                 for loop_id in await lost_items.check():
                     if loop_id not in self._busy:
                         await signal_work(self._nc, self.names, loop_id, within=SIGNAL_SECONDS)
-                        log.warning("loop %s: its work item was no longer delivered; signalled again", loop_id)
+                        log.warning(
+                            "loop %s: its work item was no longer delivered; signalled again",
+                            loop_id,
+                            extra={"loop_id": loop_id},
+                        )
             except Exception as e:  # a safety net: the next check tries again
                 log.debug("checking the work consumer for lost items failed (%s)", e)
 
@@ -258,13 +262,24 @@ class ModelStepService:
                     await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
             except Exception as e:
-                log.warning("loop %s: looking again after the ack failed (%s); signalling anyway", loop_id, e)
+                log.warning(
+                    "loop %s: looking again after the ack failed (%s); signalling anyway",
+                    loop_id,
+                    e,
+                    extra={"loop_id": loop_id},
+                )
             try:
                 await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
                 return
             except Exception as e:
                 if anyio.current_time() > deadline:
-                    log.error("loop %s: could not queue its work for %gs: %s", loop_id, LOOK_AGAIN_SECONDS, e)
+                    log.error(
+                        "loop %s: could not queue its work for %gs: %s",
+                        loop_id,
+                        LOOK_AGAIN_SECONDS,
+                        e,
+                        extra={"loop_id": loop_id},
+                    )
                     return
             await anyio.sleep(0.5)
 
@@ -278,21 +293,26 @@ class ModelStepService:
             try:
                 await purge_work(self._nc, self.names, loop_id, through_seq=seq)
             except Exception as e:
-                log.debug("loop %s: signals of the drive left in place (%s)", loop_id, e)
+                log.debug("loop %s: signals of the drive left in place (%s)", loop_id, e, extra={"loop_id": loop_id})
 
     async def _handle_item(self, msg: Msg) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
         handling = self._busy.get(loop_id)
         if handling is not None:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
             if handling.finishing:
-                log.debug("loop %s: item %s came while its drive finishes; back soon", loop_id, _Item(msg))
+                log.debug(
+                    "loop %s: item %s came while its drive finishes; back soon",
+                    loop_id,
+                    _Item(msg),
+                    extra={"loop_id": loop_id},
+                )
                 await msg.nak(delay=BUSY_NAK_SECONDS)
                 return
             # The drive looks at the history again when it ends and then removes this signal; it comes
             # back if the drive stops before, after the ack wait like the drive's own item.
             with contextlib.suppress(Exception):
                 handling.noted = max(handling.noted, msg.metadata.sequence.stream)
-            log.debug("loop %s: item %s came during its drive; noted", loop_id, _Item(msg))
+            log.debug("loop %s: item %s came during its drive; noted", loop_id, _Item(msg), extra={"loop_id": loop_id})
             await msg.nak(delay=work_ack_wait(self.settings))
             return
         handling = self._busy[loop_id] = _Handling()
@@ -312,10 +332,15 @@ class ModelStepService:
         assert leases is not None
         lease = await leases.acquire(loop_id)
         if lease is None:
-            log.debug("loop %s: item %s: another replica drives the loop; back soon", loop_id, _Item(msg))
+            log.debug(
+                "loop %s: item %s: another replica drives the loop; back soon",
+                loop_id,
+                _Item(msg),
+                extra={"loop_id": loop_id},
+            )
             await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
-        log.debug("loop %s: item %s: driving", loop_id, _Item(msg))
+        log.debug("loop %s: item %s: driving", loop_id, _Item(msg), extra={"loop_id": loop_id})
         acked = at_rest = False
         try:
             async with anyio.create_task_group() as tg:
@@ -334,9 +359,10 @@ class ModelStepService:
                         _Item(msg),
                         h.last_seq,
                         "at rest" if at_rest else "work left",
+                        extra={"loop_id": loop_id},
                     )
                 except LeaseLost:
-                    log.info("loop %s: stopped driving (lease no longer held)", loop_id)
+                    log.info("loop %s: stopped driving (lease no longer held)", loop_id, extra={"loop_id": loop_id})
                 tg.cancel_scope.cancel()
             if acked:
                 # With the item acked, the last look is all that backs work that came in during the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,7 +125,7 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
             "That expression is not valid.",
         ],
     )
-    env_json = {"LW_LOG_FORMAT": "json"}
+    env_json = {"LW_LOG_FORMAT": "json", "LW_LOG_LEVEL": "DEBUG"}
     with (
         otlp_receiver(tmp_path) as (endpoint, out),
         system(settings, env={**tracing_env(endpoint), **env_json}) as sys_,
@@ -207,9 +208,16 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         # LW_LOG_FORMAT=json: every service writes one JSON object per line.
         lines = [ln for f in sys_.log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
         assert lines
+        about_loops = 0
         for ln in lines:
             doc = json.loads(ln)
             assert {"time", "level", "service", "message"} <= set(doc), doc
+            # A line about a loop carries its id as a field, to be found by it.
+            named = re.search(r"\bloop ([0-9a-f-]{36})\b", doc["message"])
+            if named:
+                about_loops += 1
+                assert doc.get("loop_id") == named[1], doc
+        assert about_loops, "no line about a loop at DEBUG"
 
 
 async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues(
