@@ -44,6 +44,7 @@ __all__ = [
     "TRUNCATED_NOTICE",
     "bounded_diagnostic",
     "flatten_to_text",
+    "fork_no_source_result",
     "format_seconds",
     "image_note",
     "image_size",
@@ -126,6 +127,12 @@ def tool_refused(message: str) -> str:
 def outcome_unknown(name: str) -> str:
     return bounded_diagnostic(
         f"error: outcome unknown: {name} stopped while running and is not idempotent; not retried"
+    )
+
+
+def fork_no_source_result(name: str) -> str:
+    return bounded_diagnostic(
+        f"error: not run: {name} was left to the source loop of this fork, which has no result of it yet"
     )
 
 

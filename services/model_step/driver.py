@@ -99,7 +99,7 @@ class LoopDriver:
     # position is new: nobody else can have started it while this drive held the lease throughout.
     _made: dict[str, int] = field(default_factory=dict)
     # Per forked loop being driven: the source's recorded results after the fork point.
-    _fork_sources: dict[str, forkcalls.SourceResults] = field(default_factory=dict)
+    _fork_sources: dict[str, forkcalls.SourceView] = field(default_factory=dict)
     # Sends the loops' live events in frames. The service shares it with its executor and runs its
     # clock for its lifetime (otherwise each drive runs the clock for itself).
     live: InitVar[LiveOutbox | None] = None
@@ -585,15 +585,24 @@ class LoopDriver:
             if call.id in decided:
                 p.decision = decided[call.id]
                 if p.decision.reason == forkcalls.FORK_REUSED:
-                    p.recorded = forkcalls.recorded_outcome(await self._fork_results(h), call.name, call.input)
+                    view = await self._fork_view(h)
+                    p.recorded = forkcalls.recorded_outcome(view.results, call.name, call.input)
+                    if p.recorded is None:  # nothing to take: the source has not committed the call
+                        p.decision = ev.Decision(
+                            tool_use_id=call.id,
+                            tool_execution_id=exec_id,
+                            effect="deny",
+                            reason=forkcalls.FORK_NO_RESULT,
+                            text=shaping.fork_no_source_result(call.name),
+                        )
                 continue
             spec = self._spec(h, call.name)
             if call.minted_id or spec is None or call.invalid:
                 continue  # a pre-execution failure: the executor reports it, no authorisation
             if h.forked is not None:
-                way = await self._fork_reexecution(h, p, spec)
+                way, running = await self._fork_reexecution(h, p, spec)
                 if way == forkcalls.ASK:
-                    await self._open_gate(h, t, step_id, s, p, spec, kind="permission", fork=True)
+                    await self._open_gate(h, t, step_id, s, p, spec, kind="permission", fork=True, running=running)
                     return
                 if way == forkcalls.REUSE:
                     assert p.decision is not None
@@ -637,27 +646,49 @@ class LoopDriver:
         )
         await self._commit_tool_step(h, t, step_id, s.message, planned, results)
 
-    async def _fork_results(self, h: LoopHistory) -> forkcalls.SourceResults:
+    async def _fork_view(self, h: LoopHistory) -> forkcalls.SourceView:
+        """The source's calls as the fork sees them; kept once the source rests (a busy one is read again)."""
         found = self._fork_sources.get(h.loop_id)
         if found is None and h.forked is not None:
-            found = await forkcalls.read_source_results(self.nc, self.settings.names, h.forked, self._max_record)
-            self._fork_sources[h.loop_id] = found
-        return found or {}
+            found = await forkcalls.read_source(self.nc, self.settings.names, h.forked, self._max_record)
+            if not found.busy:
+                self._fork_sources[h.loop_id] = found
+        return found or forkcalls.SourceView(results={}, busy=False)
 
-    async def _fork_reexecution(self, h: LoopHistory, p: PlannedCall, spec: ToolSpec) -> str:
+    async def _settled_view(self, h: LoopHistory, p: PlannedCall, wait: float) -> forkcalls.SourceView:
+        """The source's view once it has a result of ``p``'s call or rests, or after ``wait`` seconds."""
+        deadline = anyio.current_time() + wait
+        view = await self._fork_view(h)
+        while view.busy and forkcalls.recorded_outcome(view.results, p.call.name, p.call.input) is None:
+            if anyio.current_time() >= deadline:
+                break
+            await anyio.sleep(0.25)
+            view = await self._fork_view(h)
+        return view
+
+    async def _fork_reexecution(self, h: LoopHistory, p: PlannedCall, spec: ToolSpec) -> tuple[str, bool]:
         """In a fork, for a call equal to one the source made after the fork point: reuse (sets the
-        decision and the source's outcome), rerun or ask; "" for any other call."""
+        decision and the source's outcome), rerun or ask; "" for any other call. The flag says the
+        source may be running the call itself (then it is asked about, as a call whose outcome is
+        unknown: the source is given the tool's deadline to commit it first)."""
         assert h.forked is not None
-        outcome = forkcalls.recorded_outcome(await self._fork_results(h), p.call.name, p.call.input)
+        view = await self._fork_view(h)
+        outcome = forkcalls.recorded_outcome(view.results, p.call.name, p.call.input)
+        if outcome is None and view.busy and not spec.rerun_safe:
+            wait = min(float(spec.timeout_seconds or 0.0), forkcalls.SOURCE_WAIT_SECONDS)
+            view = await self._settled_view(h, p, wait)
+            outcome = forkcalls.recorded_outcome(view.results, p.call.name, p.call.input)
+            if outcome is None and view.busy:
+                return forkcalls.ASK, True
         if outcome is None:
-            return ""
+            return "", False
         way = forkcalls.reexecution_for(h.forked, p.call.name, spec)
         if way == forkcalls.REUSE:
             p.recorded = outcome
             p.decision = ev.Decision(
                 tool_use_id=p.call.id, tool_execution_id=p.execution_id, effect="approve", reason=forkcalls.FORK_REUSED
             )
-        return way
+        return way, False
 
     async def _prior(self, h: LoopHistory, p: PlannedCall) -> str:
         """What an earlier run of the step left of this call: "" (nothing: it never started, or it
@@ -709,6 +740,7 @@ class LoopDriver:
         kind: ev.GateKind,
         unknown: bool = False,
         fork: bool = False,
+        running: bool = False,
     ) -> None:
         gate_id = new_id()
         common: dict[str, str] = {
@@ -729,7 +761,7 @@ class LoopDriver:
                 request=ev.PermissionRequest(
                     gate_id=gate_id,
                     tool_name=p.call.name,
-                    summary=(OUTCOME_UNKNOWN_SUMMARY if unknown else forkcalls.FORK_RERUN_SUMMARY if fork else "")
+                    summary=_gate_summary(unknown=unknown, fork=fork, running=running)
                     + shaping.summary_for_call(p.call.name, p.call.input),
                 ),
             )
@@ -872,3 +904,12 @@ def _question_of(raw: str) -> tuple[str, list[str]]:
 
 
 __all__ = ["CommitRefused", "LoopDriver", "StepAbandoned"]
+
+
+def _gate_summary(*, unknown: bool, fork: bool, running: bool) -> str:
+    """What a permission gate says before the call's own summary."""
+    if unknown:
+        return OUTCOME_UNKNOWN_SUMMARY
+    if fork:
+        return forkcalls.FORK_RUNNING_SUMMARY if running else forkcalls.FORK_RERUN_SUMMARY
+    return ""

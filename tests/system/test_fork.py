@@ -425,3 +425,35 @@ async def test_fork_at_a_point_with_an_open_gate(env: tuple[NATS, Settings, Loop
     check_history_invariants(await history(nc, settings, fork))
     sh = await wait_history(nc, settings, source, lambda h: bool(h.open_gates), timeout=5)
     assert sh.open_gates[0].gate.id == source_gate and sh.turns == 1  # the source still waits
+
+
+@pytest.mark.parametrize("answer", ["deny", "approve"])
+async def test_a_fork_never_runs_again_unasked_a_call_its_source_is_running(
+    answer: str, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    nc, settings, api, ledger = env
+    slow = [
+        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": "ledger"},
+        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "x", "hold": 3.0})},
+        {"kind": "finish", "finish_reason": "tool_use"},
+    ]
+    model = write_model(tmp_path, {"responses": [slow, "done"], "repeat_last": True}, "m.json")
+    source = (await api.start(model=model)).loop_id
+    await api.input(source, "go")
+    with anyio.fail_after(30):  # the source's call has started on its worker and holds for 3 s
+        while ledger_runs(ledger, "ledger") < 1:
+            await anyio.sleep(0.05)
+    fork = (await api.fork(source)).loop_id  # from the input: the source's step is not committed yet
+    # The fork meets the same call while the source runs it: it waits for the source's result,
+    # then asks (ledger is unannotated: it may not run twice), never runs it on its own.
+    h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=60)
+    gate = h.open_gates[0].gate
+    assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+    src = await wait_history(nc, settings, source, finished, timeout=60)
+    assert [text_of(m) for m in src.messages if isinstance(m, ToolResultMessage)] == ["recorded x"]
+    assert ledger_runs(ledger, "ledger") == 1
+    await api.answer(fork, gate.id, answer)
+    h = await wait_history(nc, settings, fork, finished, timeout=60)
+    assert ledger_runs(ledger, "ledger") == (2 if answer == "approve" else 1)
+    assert [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)] == ["recorded x"]
+    check_history_invariants(await history(nc, settings, fork))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from services.model_step import forkcalls
 from shared import events as ev
 from shared.content import AIMessage, TextBlock, ToolResultMessage, ToolUseBlock, UserMessage, text_of
 from shared.forking import (
@@ -128,3 +129,26 @@ def test_source_results_match_calls_by_value_and_branches_compare_without_ids() 
     fork = build_fork(spec(28), h, ev.new_id())
     mine = [(i, e) for i, e in enumerate(fork[1:])]
     assert common_prefix(mine, [(s, e) for s, e in h if s <= 28]) == 7
+
+
+@pytest.mark.parametrize(
+    ("last", "running"),
+    [
+        (None, False),
+        (ev.LoopStarted(), False),
+        (ev.InputSubmitted(), True),  # its turn is being driven
+        (ev.TurnStarted(), True),
+        (ev.StepDone(), True),  # the next step may be running its calls
+        (ev.GateResolved(), True),  # the step resumes with the answer
+        (ev.PermissionRequested(), False),  # a step is authorised whole before any call runs
+        (ev.UserInputRequested(), False),
+        (ev.TurnDone(), False),
+        (ev.TurnFailed(), False),
+        (ev.TurnInterrupted(), False),
+        (ev.LoopIdle(), False),
+        (ev.LoopClosed(), False),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, bool) else str(v),
+)
+def test_a_source_may_be_running_calls_unless_it_rests_or_waits_at_a_gate(last: ev.Event | None, running: bool) -> None:
+    assert forkcalls.may_be_running(last) is running
