@@ -7,6 +7,8 @@ given NATS URL and prefix; results are read back only from the replayed history.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
+import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -28,6 +31,20 @@ from shared.settings import Settings
 from shared.validate import validate_event
 
 T = TypeVar("T")
+
+
+def debian_program(name: str, package: str) -> str:
+    """The path of a program from Debian that a test module needs. Where it is missing the module is
+    skipped with the reason and the command that installs it; under CI (``CI=true``, as ``.ci/run``
+    runs, which installs it) a missing program fails instead: no test is skipped there in silence."""
+    path = shutil.which(name)
+    if path:
+        return path
+    why = f"{name} is not installed: apt-get install {package}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{why} (.ci/run installs it)", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
 
 # The committed history of a loop whose one turn is a tool step followed by the final answer.
 TOOL_TURN_HISTORY: Final = [

@@ -34,12 +34,13 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from shared.natsserver import free_port
+from tests.syshelpers import debian_program
 
 pytestmark = pytest.mark.system
 
 LOOPWIRE = shutil.which("loopwire", path=str(Path(sys.executable).parent)) or "loopwire"
-CHROMIUM: Final = "/usr/bin/chromium"
-CHROMEDRIVER: Final = "/usr/bin/chromedriver"
+CHROMIUM: Final = debian_program("chromium", "chromium")
+CHROMEDRIVER: Final = debian_program("chromedriver", "chromium-driver")
 # The README's screenshot; rewritten only when LW_UPDATE_SCREENSHOT=1 (a test run leaves the tree clean).
 SCREENSHOT: Final = Path(__file__).resolve().parents[2] / "docs" / "console.png"
 TOKEN: Final = "test-console-token"
@@ -149,9 +150,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 def _browser() -> WebDriver:
-    assert Path(CHROMEDRIVER).exists() and Path(CHROMIUM).exists(), (
-        "the console tests need Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
-    )
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):

@@ -9,7 +9,6 @@ own parsers (text format and OpenMetrics, whose exemplars name real trace ids).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 import uuid
@@ -28,12 +27,12 @@ from shared import events as ev
 from shared.client import LoopClient
 from shared.natsserver import free_port
 from shared.settings import Settings
-from tests.syshelpers import history, system, wait_for, wait_history
+from tests.syshelpers import debian_program, history, system, wait_for, wait_history
 from tests.system.test_observability import otlp_receiver, read_spans, tracing_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(180)]
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMETHEUS = debian_program("prometheus", "prometheus")
 LOOPS = 8
 
 
