@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import uuid
@@ -23,6 +24,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -30,6 +32,7 @@ from rich.text import Text
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import raise_single
+from services.model_step.models.registry import model_id
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -145,9 +148,36 @@ async def _require_deployment(nc: NATS, settings: Settings) -> None:
 
 
 def require_uuid(value: str, what: str) -> str:
-    if not is_uuid(value):
-        raise CliError(f"{what} must be a lowercase UUID, got {value!r}")
-    return value
+    """``value`` as a canonical (lowercase) UUID; any case is taken, as ids are copied from anywhere."""
+    lowered = value.strip().lower()
+    if not is_uuid(lowered):
+        raise CliError(f"{what} must be a UUID, got {value!r}")
+    return lowered
+
+
+_ID_PREFIX: Final = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")
+
+
+def loop_ref(value: str, what: str) -> str:
+    """A loop id as the user gave it, checked: a UUID or a unique prefix of one (at least 4 characters,
+    as tables show the first 8), any case. :func:`resolve_loop` finds the loop a prefix names."""
+    lowered = value.strip().lower()
+    if is_uuid(lowered) or _ID_PREFIX.fullmatch(lowered):
+        return lowered
+    raise CliError(f"{what} must be a loop id or the start of one (4+ of 0-9 a-f), got {value!r}")
+
+
+async def resolve_loop(nc: NATS, settings: Settings, ref: str, what: str = "LOOP") -> str:
+    """The loop id ``ref`` names: itself when whole, else the one loop whose id starts with it."""
+    if is_uuid(ref):
+        return ref
+    found = [loop_id for loop_id in await loops(nc, settings.names) if loop_id.startswith(ref)]
+    if not found:
+        raise CliError(f"{what}: no loop id starts with {ref!r} (loopwire loops lists them)")
+    if len(found) > 1:
+        some = ", ".join(short(x) for x in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise CliError(f"{what}: {len(found)} loop ids start with {ref!r} ({some}): give more of it")
+    return found[0]
 
 
 def make_console() -> Console:
@@ -317,11 +347,12 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
-    loop_id = require_uuid(args.loop, "LOOP")
+    ref = loop_ref(args.loop, "LOOP")
     if not args.text.strip():
         raise CliError("TEXT must not be empty")
     async with session(settings) as nc:
         names = settings.names
+        loop_id = await resolve_loop(nc, settings, ref)
         res = await LoopClient(nc, names).input(loop_id, args.text)
         if not args.wait:
             if args.json:
@@ -365,8 +396,9 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
-    loop_id = require_uuid(args.loop, "LOOP")
+    ref = loop_ref(args.loop, "LOOP")
     async with session(settings) as nc:
+        loop_id = await resolve_loop(nc, settings, ref)
         records = [r async for r in replay(nc, loop_id, names=settings.names, from_seq=args.from_seq)]
     if not records and args.from_seq <= 1:
         raise CliError(f"loop {loop_id} has no history (unknown loop?)")
@@ -395,7 +427,7 @@ def print_history(console: Console, records: list[tuple[int, Event]], *, title: 
 
 async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
     names = settings.names
-    loop_id = require_uuid(args.loop, "LOOP") if args.loop else ""
+    ref = loop_ref(args.loop, "LOOP") if args.loop else ""
     send, receive = anyio.create_memory_object_stream[tuple[int | None, Event]](4096)
 
     async def on_live(msg: Msg) -> None:
@@ -404,6 +436,7 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
                 send.send_nowait((None, e))
 
     async with session(settings) as nc:
+        loop_id = await resolve_loop(nc, settings, ref) if ref else ""
         await nc.subscribe(names.live(loop_id) if loop_id else names.live_all, cb=on_live)
 
         async def follow_one() -> None:
@@ -461,12 +494,19 @@ async def _cancel_on_interrupt(scope: anyio.CancelScope) -> None:
             return
 
 
+# The model column's width in `loopwire loops`: with the loop id and the other columns the table
+# fits 80 columns (a scripted model shows as its file's name, see model_id).
+MODEL_COLUMN: Final = 22
+
+
 async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings) as nc:
         rows = []
         for loop_id in await loops(nc, settings.names):
             h, _ = await fold_loop(nc, settings.names, loop_id)
             rows.append(h)
+    # Most recently active first: a loop's last record has the stream's highest sequence of its records.
+    rows.sort(key=lambda h: h.last_seq, reverse=True)
     if args.json:
         for h in rows:
             out(
@@ -488,16 +528,17 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         out("no loops yet (loopwire start)")
         return 0
-    table = Table()
-    for col in ("loop", "model", "turns", "state", "last seq", "started", "parent"):
-        table.add_column(col, no_wrap=col != "model")
+    # Short ids (every command takes a unique prefix) and no vertical rules: 80 columns hold it.
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
+    for col in ("loop", "model", "turns", "state", "seq", "started", "parent"):
+        table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=MODEL_COLUMN if col == "model" else None)
     for h in rows:
-        started = h.config.created_at[:19].replace("T", " ") if h.config else ""
-        parent = f"{h.forked.source_loop_id[:8]}@{h.forked.source_seq}" if h.forked else ""
+        started = h.config.created_at[5:16].replace("T", " ") if h.config else ""
+        parent = f"{short(h.forked.source_loop_id)}@{h.forked.source_seq}" if h.forked else ""
         table.add_row(
             *_cells(
-                h.loop_id,
-                h.config.model if h.config else "",
+                short(h.loop_id),
+                clip(model_id(h.config.model), MODEL_COLUMN) if h.config else "",
                 str(h.turns),
                 loop_state(h),
                 str(h.last_seq),
@@ -512,7 +553,8 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
     found: list[GateInfo] = []
     async with session(settings) as nc:
-        ids = [require_uuid(args.loop, "LOOP")] if args.loop else await loops(nc, settings.names)
+        ids = [await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))] if args.loop else []
+        ids = ids or await loops(nc, settings.names)
         for loop_id in ids:
             h, texts = await fold_loop(nc, settings.names, loop_id)
             found.extend(gates_of(h, texts))
@@ -551,7 +593,10 @@ async def _answer(
     gate_id = require_uuid(args.gate, "GATE")
     async with session(settings) as nc:
         names = settings.names
-        loop_id = require_uuid(args.loop, "--loop") if args.loop else await find_gate_loop(nc, names, gate_id)
+        if args.loop:
+            loop_id = await resolve_loop(nc, settings, loop_ref(args.loop, "--loop"), "--loop")
+        else:
+            loop_id = await find_gate_loop(nc, names, gate_id)
         res = await LoopClient(nc, names).answer(loop_id, gate_id, action, text=text, reason=reason)
     if args.json:
         out(json_line({"loop_id": loop_id, "gate_id": gate_id, "action": action, "seq": res.seq}))
@@ -575,8 +620,9 @@ async def cmd_reply(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _loop_verb(args: argparse.Namespace, settings: Settings, verb: str) -> int:
-    loop_id = require_uuid(args.loop, "LOOP")
+    ref = loop_ref(args.loop, "LOOP")
     async with session(settings) as nc:
+        loop_id = await resolve_loop(nc, settings, ref)
         client = LoopClient(nc, settings.names)
         call: Callable[[str], Awaitable[Any]] = client.interrupt if verb == "interrupt" else client.close
         res = await call(loop_id)

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from rich.table import Table
 
-from services.cli.commands import make_console, out, parse_policy, require_uuid, session
+from services.cli.commands import loop_ref, make_console, out, parse_policy, require_uuid, resolve_loop, session
 from services.cli.errors import CliError
 from services.cli.render import clip, describe, json_line
 from shared.events import REEXECUTIONS, Event, LoopForked
@@ -40,7 +40,7 @@ def parse_point(text: str | None) -> int | None:
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
-    source = require_uuid(args.loop, "LOOP")
+    source_ref = loop_ref(args.loop, "LOOP")
     at = parse_point(args.at)
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else None
     if args.input is not None and not args.input.strip():
@@ -49,6 +49,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     from shared.client import LoopClient
 
     async with session(settings) as nc:
+        source = await resolve_loop(nc, settings, source_ref)
         res = await LoopClient(nc, settings.names).fork(
             source,
             at=at,
@@ -71,8 +72,9 @@ async def _records(nc: Any, settings: Settings, loop_id: str) -> list[tuple[int,
 
 
 async def cmd_lineage(args: argparse.Namespace, settings: Settings) -> int:
-    target = require_uuid(args.loop, "LOOP")
+    ref = loop_ref(args.loop, "LOOP")
     async with session(settings) as nc:
+        target = await resolve_loop(nc, settings, ref)
         every = await loops(nc, settings.names)
         if target not in every:
             raise CliError(f"no loop {target}")
@@ -128,8 +130,9 @@ def _changes(f: LoopForked) -> str:
 
 
 async def cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
-    a_id, b_id = require_uuid(args.a, "A"), require_uuid(args.b, "B")
+    a_ref, b_ref = loop_ref(args.a, "A"), loop_ref(args.b, "B")
     async with session(settings) as nc:
+        a_id, b_id = await resolve_loop(nc, settings, a_ref, "A"), await resolve_loop(nc, settings, b_ref, "B")
         a = conversation(await _records(nc, settings, a_id))
         b = conversation(await _records(nc, settings, b_id))
     if not a or not b:

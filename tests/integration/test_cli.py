@@ -366,3 +366,53 @@ def test_remote_errors_are_one_line(up: Up, capsys: pytest.CaptureFixture[str]) 
     assert code == 1 and err.startswith("error: not_found: ") and err.count("\n") == 1
     code, _, err = up.main(capsys, "deny", str(uuid.uuid4()))
     assert code == 1 and err.startswith("error: no loop has a gate ")
+
+
+def test_loops_lists_the_most_recently_active_first_within_80_columns(up: Up, tmp_path: Path) -> None:
+    script = tmp_path / ("a-long-directory-name-" * 4) / "answers.json"
+    script.parent.mkdir(parents=True)
+    script.write_text(json.dumps({"responses": ["ok"], "repeat_last": True}))
+    older = up.run("start", "--model", f"scripted:{script}").stdout.strip()
+    newer = up.run("start").stdout.strip()
+    assert up.run("send", older, "hello", "--wait").returncode == 0  # the older loop is now the active one
+    env = {**os.environ, "LW_NATS_URL": up.url, "COLUMNS": "80"}
+    table = subprocess.run([LOOPWIRE, "loops"], env=env, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), table.stdout
+    rows = [line for line in lines if older[:8] in line or newer[:8] in line]
+    assert older[:8] in rows[0] and newer[:8] in rows[1], table.stdout
+    assert "scripted:answers.json" in table.stdout and "a-long-directory" not in table.stdout
+
+
+def test_loops_are_named_by_a_unique_prefix_in_any_case(up: Up) -> None:
+    tag = uuid.uuid4().hex[:4]
+    first, second = (f"{tag}{k}000-0000-4000-8000-000000000000" for k in ("a", "b"))
+    for loop_id in (first, second):
+        assert up.run("start", "--loop-id", loop_id).returncode == 0
+    assert up.run("send", first[:6].upper(), "hello", "--wait").returncode == 0  # the short id, upper case
+    history = up.run("history", first.upper(), "--json")
+    assert history.returncode == 0 and '"InputSubmitted"' in history.stdout
+    ambiguous = up.run("history", tag)
+    assert ambiguous.returncode == 1
+    assert (
+        ambiguous.stderr == f"error: LOOP: 2 loop ids start with {tag!r} ({first[:8]}, {second[:8]}): give more of it\n"
+    )
+    unknown = up.run("interrupt", "ffff" + tag)
+    assert unknown.returncode == 1 and "no loop id starts with" in unknown.stderr
+
+
+def test_the_readme_fork_example_runs_on_any_stack(up: Up) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Fork a loop") :]
+    block = section[section.index("```bash\n") + 8 :]
+    lines = block[: block.index("```")].splitlines()[:3]  # history, the point, the edited retry
+    loop = up.run("start").stdout.strip()
+    assert up.run("send", loop, "what is 2+2?", "--wait").returncode == 0
+    script = "set -euo pipefail\n" + "\n".join(lines) + '\necho "$NEW"\n'
+    env = {**os.environ, "LW_NATS_URL": up.url, "LOOP": loop, "PATH": f"{Path(LOOPWIRE).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    new = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"[0-9a-f-]{36}", new) and new != loop
+    assert "shorter, please" in up.run("history", new).stdout

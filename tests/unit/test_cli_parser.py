@@ -124,9 +124,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["history", "not-a-uuid"], "error: LOOP must be a lowercase UUID, got 'not-a-uuid'"),
-        (["send", "NOPE", "hi"], "error: LOOP must be a lowercase UUID, got 'NOPE'"),
-        (["approve", "x"], "error: GATE must be a lowercase UUID, got 'x'"),
+        (["history", "not-a-uuid"], "error: LOOP must be a loop id or the start of one (4+ of 0-9 a-f), got 'not-a-uuid'"),
+        (["send", "NOPE", "hi"], "error: LOOP must be a loop id or the start of one (4+ of 0-9 a-f), got 'NOPE'"),
+        (["approve", "x"], "error: GATE must be a UUID, got 'x'"),
         (["start", "--policy", "clock"], "error: --policy wants TOOL=allow|deny|ask (TOOL may be *), got 'clock'"),
         (["schema", "--check"], "error: --check needs --out and/or --asyncapi"),
     ],

@@ -58,3 +58,15 @@ def test_every_command_the_readme_mentions_exists() -> None:
     commands = {a for a in parser._subparsers._group_actions[0].choices}  # type: ignore[union-attr]
     mentioned = set(re.findall(r"(?<!from )\bloopwire ([a-z][a-z-]+)", README))  # not Python's from loopwire import
     assert mentioned <= commands, mentioned - commands
+
+
+def test_the_command_table_lists_every_command() -> None:
+    parser = build_parser()
+    commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    table = README[README.index("| command | what it does |") :]
+    table = table[: table.index("\n\n")]
+    listed = set(re.findall(r"`loopwire ([a-z][a-z-]+)", table)) | set(
+        re.findall(r"(?:`|, )([a-z]+) (?:GATE|LOOP)", table)
+    )
+    assert commands <= listed, commands - listed
+    assert "`loopwire serve mcp " in table
