@@ -111,14 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
         "NATS URL; use the client commands from another shell. Ctrl-C (or SIGTERM) stops everything.",
         connects=False,
     )
-    p.add_argument("--port", type=int, default=4222, help="NATS client port (default 4222; 0 = a free port)")
+    p.add_argument(
+        "--port", type=int, help="NATS client port (default 4222, or a free one while 4222 is taken; 0 = a free port)"
+    )
     p.add_argument("--data-dir", metavar="DIR", help="keep NATS data and logs here (default: a temp dir)")
     p.add_argument("--prefix", default="lw", help="subject/stream prefix the services use (default lw)")
     p.add_argument("--model", default="", help="default model of new loops (env LW_MODEL, default demo)")
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
     p.add_argument("--chunk-delay", type=float, default=0.0, metavar="S", help="pause between demo-model chunks")
     p.add_argument(
-        "--console-port", type=int, default=8080, metavar="N", help="operator console port (8080; 0 = a free port)"
+        "--console-port",
+        type=int,
+        metavar="N",
+        help="operator console port (8080, or a free one while 8080 is taken; 0 = a free port)",
     )
     p.add_argument("--no-console", action="store_true", help="do not start the operator console")
     p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus /metrics from the services")

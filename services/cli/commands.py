@@ -32,7 +32,7 @@ from rich.text import Text
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import raise_single
-from services.model_step.models.registry import model_id
+from services.model_step.models.registry import model_id, spec_problem
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -317,10 +317,27 @@ def parse_retries(items: list[str]) -> dict[str, RetryPolicy]:
     return out
 
 
+async def _require_live_tools(nc: NATS, settings: Settings, names: list[str]) -> None:
+    """Every tool ``names`` lists has a live worker: a misspelt name is an error, not a loop without it."""
+    from services.tools.registry import ToolRegistry
+
+    async with ToolRegistry(nc, settings.names, replicas=settings.replicas) as registry:
+        missing = [n for n in names if registry.get(n) is None]
+        live = [t.name for t in registry.live()]
+    if missing:
+        known = ", ".join(live) if live else "none"
+        raise CliError(f"--tools: no live tool named {', '.join(missing)} (live: {known}; loopwire tools lists them)")
+
+
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
     policy = parse_policy(args.policy or [])
     tools = list(split_list(args.tools)) if args.tools is not None else None
+    if args.model and (problem := spec_problem(args.model)):
+        raise CliError(f"--model: {problem}")
+    for name in tools or ():
+        if not valid_tool_name(name):
+            raise CliError(f"--tools: {name!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
     limits = None
     if args.max_iterations is not None or args.max_tokens is not None:
         limits = Limits(
@@ -328,6 +345,8 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
             max_tokens=args.max_tokens or 0,
         )
     async with session(settings) as nc:
+        if tools:
+            await _require_live_tools(nc, settings, tools)
         res = await LoopClient(nc, settings.names).start(
             loop_id,
             model=args.model,

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Final
 
 from services.cli.errors import CliError
 from services.embedded import BUILTIN_TOOLS, EmbeddedStack
@@ -260,10 +261,12 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
 # --- loopwire up ----------------------------------------------------------------------------------
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listener could bind ``host:port`` now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -283,17 +286,31 @@ def run_up(args: argparse.Namespace) -> int:
             return 0
 
 
+DEFAULT_NATS_PORT: Final = 4222
+DEFAULT_CONSOLE_PORT: Final = 8080
+
+
+def _port_for(asked: int | None, default: int, option: str, what: str) -> int:
+    """The port to listen on: the one asked for, which must be free (a clear error, never another
+    port); without one the default, or a free port (said) while the default is taken; 0: a free port."""
+    if asked is not None:
+        if asked and not port_free(asked):
+            raise CliError(f"{option} {asked} is in use; choose another, or 0 for a free one")
+        return asked
+    if port_free(default):
+        return default
+    port = free_port()
+    print(f"port {default} is in use: {what} uses {port} instead", flush=True)
+    return port
+
+
 def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
-    port = args.port
-    if port and not _port_free(port):
-        port = free_port()
-        print(f"port {args.port} is in use (another nats-server?): using {port} instead", flush=True)
+    port = _port_for(args.port, DEFAULT_NATS_PORT, "--port", "NATS (another nats-server?)")
     console_port: int | None = None
     if not args.no_console:
-        console_port = args.console_port or free_port()
-        if not _port_free(console_port):
-            console_port = free_port()
-            print(f"port {args.console_port} is in use: the console uses {console_port} instead", flush=True)
+        console_port = (
+            _port_for(args.console_port, DEFAULT_CONSOLE_PORT, "--console-port", "the console") or free_port()
+        )
     stack = EmbeddedStack(
         tools=_tool_list(args.tools),
         port=port,

@@ -416,3 +416,32 @@ def test_the_readme_fork_example_runs_on_any_stack(up: Up) -> None:
     new = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"[0-9a-f-]{36}", new) and new != loop
     assert "shorter, please" in up.run("history", new).stdout
+
+
+def test_start_refuses_an_unknown_model_or_tool_in_one_plain_line(up: Up) -> None:
+    cases = [
+        (["--model", "gpt-4o"], "error: --model: unknown model 'gpt-4o': expected one of demo, scripted:<path>, "),
+        (["--tools", "calculator,calculater"], "error: --tools: no live tool named calculater (live: "),
+        (["--tools", "two words"], "error: --tools: 'two words' is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)"),
+    ]
+    for args, expected in cases:
+        done = up.run("start", *args)
+        assert done.returncode == 1 and done.stderr.startswith(expected), (args, done.stderr)
+        assert done.stderr.count("\n") == 1 and "^[" not in done.stderr  # one line, no raw pattern
+    assert up.run("start", "--tools", "calculator,clock", "--model", "demo").returncode == 0
+
+
+def test_an_explicit_port_that_is_busy_is_an_error_not_another_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args in (
+            ["up", "--port", str(port)],
+            ["up", "--console-port", str(port)],
+            ["console", "--port", str(port)],
+        ):
+            env = {**os.environ, "LW_NATS_URL": "nats://127.0.0.1:9"}
+            done = subprocess.run([LOOPWIRE, *args], env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1, (args, done.stdout, done.stderr)
+            assert done.stderr.endswith(f"{port} is in use; choose another, or 0 for a free one\n"), (args, done.stderr)
