@@ -20,4 +20,7 @@ async def main() -> None:
             print(f"{event.loop_id} {event.step_id[:8]} {text_of(ai)!r} calls={calls}", flush=True)
 
 
-asyncio.run(main())
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:  # Ctrl-C: stop without a traceback
+    raise SystemExit(130) from None

@@ -20,4 +20,7 @@ async def main(prompt: str) -> None:
     await nc.close()
 
 
-asyncio.run(main(sys.argv[1]))
+try:
+    asyncio.run(main(sys.argv[1]))
+except KeyboardInterrupt:  # Ctrl-C: stop without a traceback
+    raise SystemExit(130) from None

@@ -63,6 +63,8 @@ class EmbeddedStack:
     server: NatsServer | None = None
     supervisor: Supervisor = field(default_factory=Supervisor)
     stack_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Keep a temporary data directory at stop: its logs are what explains a failure.
+    keep_data: bool = False
     _temp_dir: str = ""
 
     @property
@@ -150,7 +152,7 @@ class EmbeddedStack:
         if self.server is not None:
             self.server.stop()
         self._kill_strays()
-        if self._temp_dir:
+        if self._temp_dir and not self.keep_data:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
 
     def _kill_strays(self) -> None:

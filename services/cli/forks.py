@@ -6,6 +6,7 @@ import argparse
 from typing import Any, cast
 
 from rich.table import Table
+from rich.text import Text
 
 from services.cli.commands import loop_ref, make_console, out, parse_policy, require_uuid, resolve_loop, session
 from services.cli.errors import CliError
@@ -171,8 +172,9 @@ async def cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cell(rows: list[tuple[int, Event]], k: int) -> str:
+def _cell(rows: list[tuple[int, Event]], k: int) -> Text:
+    """A record as plain text: a loop's words are never read as rich markup ("[b]" stays "[b]")."""
     if k >= len(rows):
-        return ""
+        return Text("")
     seq, e = rows[k]
-    return f"{seq} {type(e).__name__}: {describe(e)}"
+    return Text(f"{seq} {type(e).__name__}: {describe(e)}")

@@ -161,7 +161,8 @@ class LoopView:
             if isinstance(event, TurnDone):
                 self.status = f"turn done in {elapsed:.2f} s"
             else:
-                self.status = f"{describe(event)} (after {elapsed:.2f} s)"
+                # Whole: why a turn failed is the line a person reads first (a model's error included).
+                self.status = f"{describe(event, limit=2000)} (after {elapsed:.2f} s)"
             self._line("turn", self.status)
         if self._live is not None:
             self._live.refresh()

@@ -19,6 +19,7 @@ from typing import Final
 
 from services.cli.errors import CliError
 from services.embedded import BUILTIN_TOOLS, EmbeddedStack
+from services.lifecycle import raise_single
 from shared.natsserver import NatsServerError, free_port
 from shared.procs import ServiceStartError
 from shared.settings import split_list
@@ -151,24 +152,28 @@ async def _demo_main(
 
     code = 130
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def watch() -> None:
-                async for _ in signals:
-                    interrupts.received = True
-                    tg.cancel_scope.cancel()
-                    return
+                async def watch() -> None:
+                    async for _ in signals:
+                        interrupts.received = True
+                        tg.cancel_scope.cancel()
+                        return
 
-            tg.start_soon(watch)
-            interrupts.check()
-            code = await _demo_loop(stack, args, console, plain)
-            tg.cancel_scope.cancel()
+                tg.start_soon(watch)
+                interrupts.check()
+                code = await _demo_loop(stack, args, console, plain)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise_single(group)  # the demo's own error (one line), not a group of one
     interrupts.check()
     return code
 
 
 def _say(console: object, plain: bool) -> Callable[[str], None]:
     from rich.console import Console
+    from rich.text import Text
 
     assert isinstance(console, Console)
 
@@ -176,7 +181,7 @@ def _say(console: object, plain: bool) -> Callable[[str], None]:
         if plain:
             print(f"{'demo':<7}| {text}", flush=True)
         else:
-            console.print(f"[dim]{text}[/dim]", highlight=False)
+            console.print(Text(text, style="dim"), highlight=False)  # a path or an error may hold "[...]"
 
     return say
 
@@ -190,6 +195,7 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
 
     from services.cli.commands import CliError, print_history, session
     from services.cli.live import LoopView
+    from services.cli.render import describe
     from shared.client import LoopClient
     from shared.codec import decode_live_frame
     from shared.errors import LoopwireError
@@ -241,12 +247,17 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
                                 break
                         tg.cancel_scope.cancel()
             except TimeoutError:
-                raise CliError(f"the loop did not finish within {args.timeout:g} s (logs: {stack.log_dir})") from None
+                stack.keep_data = True
+                raise CliError(
+                    f"the loop did not finish within {args.timeout:g} s (logs kept in {stack.log_dir})"
+                ) from None
         result = tracker.result
         assert result is not None
         records = [r async for r in replay(nc, loop_id, names=names)]
 
-    if plain:
+    if not result.answer and result.outcome != "done":
+        pass  # nothing answered: the error below says why
+    elif plain:
         print(f"{'answer':<7}| " + result.answer.replace("\n", "\n" + " " * 7 + "| "), flush=True)
     else:
         console.print(
@@ -254,7 +265,9 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
         )
     print_history(console, records, title=f"history of loop {loop_id}, replayed from JetStream")
     if result.outcome != "done":
-        raise CliError(f"the turn ended {result.outcome}")
+        stack.keep_data = True
+        why = f": {describe(result.event, limit=2000)}" if result.event is not None else ""
+        raise CliError(f"the turn ended {result.outcome}{why} (logs kept in {stack.log_dir})")
     return 0
 
 

@@ -162,3 +162,33 @@ def test_terminal_ctrl_c_reaches_every_process_and_still_leaves_nothing(tmp_path
     os.killpg(demo.proc.pid, signal.SIGINT)
     assert demo.finish(timeout=30) in (130, 0)
     demo.assert_nothing_left()
+
+
+def test_a_failed_turn_is_one_error_line_with_the_whole_cause_and_the_logs_are_kept(tmp_path: Path) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+    port = closed.getsockname()[1]
+    env = {
+        **os.environ,
+        "LW_OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+        "OPENAI_API_KEY": "unused",
+        "TMPDIR": str(tmp_path),
+    }
+    try:
+        done = subprocess.run(
+            [LOOPWIRE, "demo", "--plain", "--model", "openai:gpt-4o", "hi"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        closed.close()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    [line] = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: the turn ended failed: turn 1 failed: model_error: openai:gpt-4o: could not reach ")
+    assert "(ConnectError: " in line  # the model's error whole, not cut at its first words
+    logs = Path(re.search(r"\(logs kept in (\S+)\)$", line)[1])  # type: ignore[index]
+    assert logs.is_dir() and any(logs.glob("*.log")), "the logs that explain the failure are kept"
+    assert f"could not reach http://127.0.0.1:{port}/v1/chat/completions" in done.stdout  # the live turn line

@@ -284,10 +284,14 @@ async def test_cli_fork_lineage_diff(env: tuple[NATS, Settings, LoopClient, Path
     assert "common prefix: 1 records" in text and "EDITED ANSWER" in text and "turn one done" in text, text
     same = await acli(settings, "diff", child, grandchild)
     assert "the branches are equal" in same, same
+    # A loop's words are printed as they are, never read as markup ("[/b]" once ended the command).
+    odd = (await acli(settings, "fork", source, "--at", str(inp), "--input", "[/b]x[dm]")).strip()
+    await wait_history(nc, settings, odd, finished, timeout=60)
+    assert "user: [/b]x[dm]" in await acli(settings, "diff", source, odd)
 
     rows = [json.loads(line) for line in (await acli(settings, "loops", "--json")).splitlines()]
     parent = {r["loop_id"]: r["parent"] for r in rows}
-    assert parent == {source: None, child: source, grandchild: child}
+    assert parent == {source: None, child: source, grandchild: child, odd: source}
 
 
 async def test_console_forks_from_a_point_and_shows_lineage(

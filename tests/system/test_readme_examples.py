@@ -7,6 +7,7 @@ importing only ``loopwire``, like a reader's copy would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -158,3 +159,18 @@ async def test_the_readme_examples_run_against_a_running_system(
 
 async def _contains(example: Example, needle: str) -> bool:
     return needle in example.output()
+
+
+async def test_ctrl_c_stops_an_example_quietly(nc: NATS, settings: Settings, tmp_path: Path) -> None:
+    from shared.bus import ensure_all
+
+    await ensure_all(nc.jetstream(), settings)
+    follow = Example(tmp_path, "follow_steps", FOLLOW, settings)
+    await anyio.sleep(2.0)  # subscribed and waiting for steps
+    assert follow.proc.poll() is None, follow.output()
+    follow.proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        follow.proc.wait(timeout=10)
+    code = follow.stop()
+    text = follow.out_path.read_text()
+    assert code == 130 and "Traceback" not in text, text
