@@ -149,3 +149,21 @@ async def test_an_mcp_image_is_committed_as_an_image_block_or_a_note_saying_why_
         assert [type(b).__name__ for b in tight_blocks] == ["TextBlock"]
         assert "[image 1: image/png, " in text_of(results[tight])
         assert "omitted: larger than the loop's max_result_bytes]" in text_of(results[tight])
+
+
+async def test_the_demo_model_calls_an_mcp_tool_the_words_name(settings: Settings, nc: NATS) -> None:
+    with system(settings, tools=()) as s:
+        bridge(s, "time", time_command())
+        lc = LoopClient(nc, settings.names)
+        loop_id = str(uuid.uuid4())
+        await lc.start(loop_id, model="demo")
+        await lc.input(loop_id, "use time_get_current_time for 'Europe/Paris'")  # the README's words
+        await wait_history(nc, settings, loop_id, lambda h: h.idle)
+        events = await history(nc, settings, loop_id)
+        check_history_invariants(events)
+        step = next(e for _, e in events if isinstance(e, ev.StepDone))
+        [use] = [b for b in step.messages[0].blocks or () if type(b).__name__ == "ToolUseBlock"]
+        assert use.name == "time_get_current_time" and json.loads(bytes(use.input)) == {"timezone": "Europe/Paris"}
+        result = step.messages[1]
+        assert isinstance(result, ToolResultMessage) and not result.is_error
+        assert json.loads(text_of(result))["timezone"] == "Europe/Paris"

@@ -137,3 +137,32 @@ def test_resolve_demo_and_label() -> None:
     model = resolve_model("demo")
     assert isinstance(model, DemoModel) and model.name == "demo"
     assert "not an LLM" in LABEL and "not an LLM" in (DemoModel.__doc__ or "")
+
+
+SHOUT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+SUM = {
+    "type": "object",
+    "properties": {"a": {"type": "number"}, "b": {"type": "integer"}, "mode": {"enum": ["fast", "slow"]}},
+    "required": ["a", "b", "mode"],
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        ('shout "hello there"', [("shout", {"text": "hello there"})]),
+        ("please shout: good morning", [("shout", {"text": "good morning"})]),
+        ("use everything_echo to say hi", [("everything_echo", {"message": "to say hi"})]),
+        ("add 2.5 and 4 with everything_get-sum", [("everything_get-sum", {"a": 2.5, "b": 4, "mode": "fast"})]),
+        ("what is 2*3? then SHOUT 'done'", [("calculator", {"expression": "2*3"}), ("shout", {"text": "done"})]),
+        ("shouting is not the tool's name", []),
+    ],
+    ids=["quoted", "after-name", "mcp-echo", "numbers-enum", "with-builtin", "no-whole-word"],
+)
+def test_any_offered_tool_the_words_name_is_called(text: str, calls: list[tuple[str, dict[str, object]]]) -> None:
+    schemas = {
+        "shout": SHOUT,
+        "everything_echo": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]},
+        "everything_get-sum": SUM,
+    }
+    assert choose_calls(text, ["calculator", *schemas], schemas) == calls

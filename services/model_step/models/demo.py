@@ -12,7 +12,10 @@ kv_memory, read_file; several calls of one tool in text order):
   ``{"timezone": "Asia/Tokyo"}``;
 * kv_memory — "remember (that) my X is Y", "recall X" / "what is my X", "list memories" /
   "what do you remember": ``{"action": "remember"|"recall"|"list", "key": ..., "value": ...}``;
-* read_file — "read / open / show / cat" with a path-like word: ``{"path": "README.md"}``.
+* read_file — "read / open / show / cat" with a path-like word: ``{"path": "README.md"}``;
+* any other tool offered (your own, an MCP server's) — when the words name it (``shout "hello"``,
+  ``use everything_echo to say hi``): its required fields filled from the words (a string field gets
+  the first quoted text, else the words after the tool's name; number fields the numbers in order).
 
 Only tools present in the request are used. Once results arrive it answers in text composed
 from them. Every text it writes starts with ``[demo model — not an LLM]``. Tool-use ids are
@@ -144,16 +147,71 @@ def _paths(text: str) -> list[str]:
     return list(dict.fromkeys(m.group(1) for m in _PATH_RE.finditer(text)))
 
 
-def choose_calls(text: str, available: Iterable[str]) -> list[tuple[str, dict[str, str]]]:
-    """The (tool name, input) pairs the demo model asks for, given the user's words."""
-    offered = set(available)
-    found: dict[str, list[dict[str, str]]] = {
+_QUOTED: Final = re.compile(r"\"([^\"]+)\"|'([^']+)'|“([^”]+)”")
+_NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _mentions(text: str, name: str) -> re.Match[str] | None:
+    """Where ``text`` names the tool ``name`` (as a whole word, in any case)."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.IGNORECASE)
+
+
+def _arguments_for(schema: dict[str, Any], text: str, after: str) -> dict[str, Any]:
+    """Arguments for a tool's required fields, from the user's words: a string field takes the first
+    quoted text (else the words after the tool's name, else all of them), an enum its first value,
+    number fields the numbers of the text in order, a boolean false, a list or object an empty one."""
+    properties = schema.get("properties")
+    required = schema.get("required")
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return {}
+    quoted = next((next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)), None)
+    words = quoted or after.strip(" \t:,.;!?") or text.strip()
+    numbers = iter(_NUMBER.findall(text))
+    args: dict[str, Any] = {}
+    for field in required:
+        spec = properties.get(field)
+        if not isinstance(field, str) or not isinstance(spec, dict):
+            continue
+        kind = spec.get("type")
+        if isinstance(spec.get("enum"), list) and spec["enum"]:
+            args[field] = spec["enum"][0]
+        elif kind in ("number", "integer"):
+            number = next(numbers, "0")
+            args[field] = int(float(number)) if kind == "integer" else float(number)
+        elif kind == "boolean":
+            args[field] = False
+        elif kind == "array":
+            args[field] = []
+        elif kind == "object":
+            args[field] = {}
+        else:
+            args[field] = words
+    return args
+
+
+def choose_calls(
+    text: str, available: Iterable[str], schemas: dict[str, dict[str, Any]] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The (tool name, input) pairs the demo model asks for, given the user's words: the built-in
+    tools by their rules, then any other offered tool the words name (with ``schemas`` to fill its
+    required arguments)."""
+    offered = list(dict.fromkeys(available))
+    found: dict[str, list[dict[str, Any]]] = {
         "calculator": [{"expression": e} for e in _expressions(text)],
         "clock": [{"timezone": z} for z in _zones(text)],
         "kv_memory": _memory(text),
         "read_file": [{"path": p} for p in _paths(text)],
     }
-    return [(name, args) for name in TOOL_ORDER if name in offered for args in found[name]]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        (name, args) for name in TOOL_ORDER if name in offered for args in found[name]
+    ]
+    for name in offered:
+        if name in TOOL_ORDER:
+            continue
+        where = _mentions(text, name)
+        if where is not None:
+            calls.append((name, _arguments_for((schemas or {}).get(name, {}), text, text[where.end() :])))
+    return calls
 
 
 # --- composing output -----------------------------------------------------------------------------
@@ -215,13 +273,13 @@ def respond(request: ModelRequest) -> list[ModelChunk]:
 
     user_text = text_of(messages[last_user]) if last_user >= 0 else ""
     offered = [t.name for t in request.tools]
-    calls = choose_calls(user_text, offered)
+    calls = choose_calls(user_text, offered, {t.name: t.input_schema for t in request.tools})
     if not calls:
-        have = ", ".join(n for n in TOOL_ORDER if n in offered) or "none"
+        have = ", ".join(offered) or "none"
         return _answer(
             f"{LABEL} I only pick tools from your words and none matched (tools I can use here: {have}). "
             'Try "what is 17*23 and what time is it in Tokyo?", "remember that my colour is blue", '
-            'or "read README.md".',
+            '"read README.md", or name any of those tools (quote the text it should get).',
             in_words,
         )
 
