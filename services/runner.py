@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 from services.lifecycle import Service, raise_single
 from shared import logfmt, metrics, telemetry
 from shared.bus import broker_reachable
+from shared.errors import NatsUnreachableError
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
@@ -95,6 +96,9 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
         anyio.run(_unwrapped, main, backend_options=event_loop_options(settings))
     except KeyboardInterrupt:
         return 130
+    except NatsUnreachableError as e:
+        log.error("%s", e)  # one line: the connection's own attempts were logged as they failed
+        return 1
     finally:
         telemetry.shutdown()
     return 0

@@ -39,7 +39,7 @@ from nats.js.kv import KeyValue
 
 from shared.backoff import Backoff, retry
 from shared.connection import Connection, request, request_many
-from shared.errors import ErrorKind, LoopwireError
+from shared.errors import ErrorKind, LoopwireError, NatsUnreachableError
 from shared.settings import Settings
 from shared.subjects import (
     H_BATCH_COMMIT,
@@ -174,7 +174,17 @@ async def connect(settings: Settings, *, name: str = "loopwire", **options: Any)
     opts.setdefault("error_cb", _error_log(name))
     opts.update(options)
     nc = Connection()
-    await nc.connect(**opts)
+    try:
+        # nats-py retries a first connection forever: a service with a wrong URL would wait unseen.
+        with anyio.fail_after(settings.connect_seconds):
+            await nc.connect(**opts)
+    except TimeoutError:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        where = ",".join(settings.nats_urls)
+        raise NatsUnreachableError(
+            f"no NATS server at {where} took the connection within {settings.connect_seconds:g} s (LW_CONNECT_SECONDS)"
+        ) from None
     return nc
 
 

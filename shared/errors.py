@@ -21,6 +21,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── JetStreamUnavailableError         shared.bus: no answer from JetStream
     ├── PayloadTooLargeError              shared.bus: over the server's max_payload
     ├── IncompatibleConfigError           shared.bus: a stream or bucket exists, configured otherwise
+    ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError
     │   ├── ConflictError
@@ -153,6 +154,10 @@ class ForkPointError(LoopwireError, ValueError):
 
 class NatsServerError(LoopwireError, RuntimeError):
     """The nats-server binary is missing, or its process did not start or stop cleanly."""
+
+
+class NatsUnreachableError(LoopwireError):
+    """No NATS server took a starting service's connection within ``LW_CONNECT_SECONDS``."""
 
 
 class ServiceStartError(LoopwireError, RuntimeError):

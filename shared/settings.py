@@ -156,6 +156,9 @@ class Settings:
         False,
         "1 = connect to the NATS URLs in the order listed (put this machine's node first) instead of at random",
     )
+    connect_seconds: float = setting(
+        "LW_CONNECT_SECONDS", 60.0, "how long a starting service tries to reach NATS before it exits 1"
+    )
     prefix: str = setting("LW_PREFIX", "lw", "subject prefix and stream/bucket name prefix")
     replicas: int = setting("LW_REPLICAS", 1, "replicas of every stream and bucket: 1 or 3", parse=one_of(1, 3))
     max_record_bytes: int = setting("LW_MAX_RECORD_BYTES", 1024 * 1024, "largest durable record in bytes")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -83,3 +84,26 @@ def test_a_service_exits_soon_after_sigterm_whatever_the_broker(kind: str, broke
             assert "Traceback" not in Path(svc.log_path).read_text(errors="replace"), svc.log_tail(60)
         finally:
             svc.kill()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_service_that_cannot_reach_nats_says_so_and_exits(kind: str, tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {
+        **os.environ,
+        "LW_NATS_URL": url,
+        "LW_PREFIX": "stop",
+        "LW_CONSOLE_TOKEN": "",
+        "LW_CONNECT_SECONDS": "2",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, *_kinds()[kind]], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1, (kind, done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    assert took < 20, f"{kind}: {took:.1f}s"
+    assert url in done.stderr.splitlines()[-1], done.stderr[-2000:]  # the last line names where it looked
+    assert len(done.stderr.splitlines()) <= 6, done.stderr  # quiet: no line per reconnect attempt
