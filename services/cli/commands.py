@@ -32,7 +32,6 @@ from rich.text import Text
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import raise_single
-from services.model_step.models.registry import model_id, spec_problem
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -50,6 +49,7 @@ from shared.events import (
     UserInputRequested,
 )
 from shared.history import LoopHistory, loops, replay
+from shared.modelspec import model_id, spec_problem
 from shared.protocol import RemoteError
 from shared.settings import Settings, split_list
 from shared.subjects import Names

@@ -35,6 +35,7 @@ from shared.events import (
     UserInputRequested,
 )
 from shared.forking import ForkPoints
+from shared.modelspec import model_id
 
 STATES: Final = ("running", "waiting", "idle", "failed", "closed")
 PAGE_SIZE: Final = 50
@@ -108,7 +109,7 @@ class LoopSummary:
         if isinstance(event, LoopForked):
             self.parent, self.forked_at = event.source_loop_id, event.source_seq
         elif isinstance(event, LoopStarted):
-            self.model = event.model
+            self.model = model_id(event.model)  # a scripted model by its file, not a temporary path
             self.started_at = event.created_at
         elif isinstance(event, InputSubmitted):
             self.pending_inputs += 1

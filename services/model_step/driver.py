@@ -37,7 +37,6 @@ from services.model_step.models.base import (
     ToolDef,
     is_delta,
 )
-from services.model_step.models.registry import model_id
 from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
 from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
@@ -56,6 +55,7 @@ from shared.errors import LoopwireError
 from shared.errors import StepAbandoned as StepAbandoned
 from shared.events import Cause, Event, make, new_id
 from shared.history import GateState, LoopHistory, OpenTurn, add_usage, load
+from shared.modelspec import model_id
 from shared.protocol import ConflictError, RemoteError, UnavailableError
 from shared.results import DONE, ResultStore, StepPlan, args_digest
 from shared.settings import Settings

@@ -323,6 +323,9 @@ def test_gate_inbox_two_operators_one_answer_completes_the_turn(
     tool = browser.find_element(By.CSS_SELECTOR, "#timeline details.tool")
     tool.find_element(By.TAG_NAME, "summary").click()
     assert "42" in tool.find_element(By.CSS_SELECTOR, "pre.result").text
+    # The page (the README's screenshot) names the model, not where the test kept its script.
+    page_text = text_now(browser, "body")
+    assert "scripted:" in page_text and str(d.data_dir) not in page_text and "/tmp/" not in page_text
     browser.execute_script("window.scrollTo(0, 0)")
     shot = SCREENSHOT if os.environ.get("LW_UPDATE_SCREENSHOT") == "1" else tmp_path / "console.png"
     assert browser.save_screenshot(str(shot))

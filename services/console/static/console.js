@@ -12,6 +12,11 @@ window.lwSeqs = [];
 
 // --- small helpers ----------------------------------------------------------------------------
 
+// A scripted model by its file's name, as the console's summaries name it (shared/modelspec.py).
+function modelId(spec) {
+  return spec && spec.startsWith("scripted:") ? "scripted:" + spec.slice(9).split("/").pop() : spec;
+}
+
 function $(sel, root) { return (root || document).querySelector(sel); }
 function el(tag, attrs, ...children) {
   const n = document.createElement(tag);
@@ -303,7 +308,7 @@ function renderEvent(rec, loopId) {
   if (t === "LoopStarted") {
     cls += " quiet";
     const pol = Object.entries(e.policy || {}).map(([k, v]) => `${k}=${v}`).join(", ");
-    body.push(el("div", { text: `model ${e.model || "(default)"} · tools ${e.tools ? (e.tools.join(", ") || "none") : "all live"} · default policy ${e.default_policy || "allow"}${pol ? ` · policy ${pol}` : ""}` }));
+    body.push(el("div", { text: `model ${modelId(e.model) || "(default)"} · tools ${e.tools ? (e.tools.join(", ") || "none") : "all live"} · default policy ${e.default_policy || "allow"}${pol ? ` · policy ${pol}` : ""}` }));
     if (e.system) body.push(el("div", { class: "text muted", text: e.system }));
   } else if (t === "InputSubmitted") {
     cls += " user"; body.push(el("div", { class: "text", text: textOf(e.message) }));

@@ -7,14 +7,11 @@ HTTP ones bring the HTTP client).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import PurePath
-from typing import Final
 
 from services.model_step.models.base import Model, ModelError
 from services.model_step.models.config import provider_config
+from shared.modelspec import MODEL_SPECS
 from shared.settings import Settings
-
-MODEL_SPECS: Final = ("demo", "scripted:<path>", "openai:<model>", "anthropic:<model>")
 
 
 def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[str, str] | None = None) -> Model:
@@ -47,24 +44,4 @@ def resolve_model(spec: str, settings: Settings | None = None, *, env: Mapping[s
     raise ModelError(f"unknown model {shown!r}: expected one of {', '.join(MODEL_SPECS)}")
 
 
-def spec_problem(spec: str) -> str:
-    """What is wrong with a model spec's form ("" when nothing): checked where a loop is started, so
-    a typo is an error there, not a turn that fails later. Whether the provider answers is not."""
-    kind, sep, rest = spec.strip().partition(":")
-    if spec.strip() == "demo" or (sep and kind in ("scripted", "openai", "anthropic") and rest.strip()):
-        return ""
-    shown = spec if len(spec) <= 80 else spec[:80] + "…"
-    return f"unknown model {shown!r}: expected one of {', '.join(MODEL_SPECS)}"
-
-
-def model_id(spec: str) -> str:
-    """How spans, metrics and logs name the model of ``spec``: the spec itself, but a scripted model by
-    its file's name (``scripted:s.json``): a path says where a test kept its script, not which
-    model answered, and would give every temporary directory a metric series of its own."""
-    kind, sep, rest = spec.strip().partition(":")
-    if sep and kind == "scripted" and rest:
-        return f"scripted:{PurePath(rest).name}"
-    return spec
-
-
-__all__ = ["MODEL_SPECS", "model_id", "resolve_model", "spec_problem"]
+__all__ = ["MODEL_SPECS", "resolve_model"]
