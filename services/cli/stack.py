@@ -278,6 +278,9 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a listener could bind ``host:port`` now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As servers bind (uvicorn, nats-server): a port whose last connections linger in TIME_WAIT is
+        # free to listen on again; one with a listener is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
