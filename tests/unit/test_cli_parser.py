@@ -121,11 +121,14 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
+LOOP_REF = "a loop id or the start of one (4+ of 0-9 a-f)"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["history", "not-a-uuid"], "error: LOOP must be a loop id or the start of one (4+ of 0-9 a-f), got 'not-a-uuid'"),
-        (["send", "NOPE", "hi"], "error: LOOP must be a loop id or the start of one (4+ of 0-9 a-f), got 'NOPE'"),
+        (["history", "not-a-uuid"], f"error: LOOP must be {LOOP_REF}, got 'not-a-uuid'"),
+        (["send", "NOPE", "hi"], f"error: LOOP must be {LOOP_REF}, got 'NOPE'"),
         (["approve", "x"], "error: GATE must be a UUID, got 'x'"),
         (["start", "--policy", "clock"], "error: --policy wants TOOL=allow|deny|ask (TOOL may be *), got 'clock'"),
         (["schema", "--check"], "error: --check needs --out and/or --asyncapi"),
