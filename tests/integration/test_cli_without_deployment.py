@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.natsserver import NatsServer, free_port
+from tests import natsfixtures
 
 LOOPWIRE = str(Path(sys.executable).with_name("loopwire"))
 LOOP = "00000000-0000-4000-8000-000000000000"
@@ -46,11 +47,8 @@ def test_no_server_is_one_error_line_with_the_way_out(args: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def bare_server() -> Iterator[NatsServer]:
-    server = NatsServer().start()
-    try:
+    with natsfixtures.own_server() as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.mark.parametrize("args", READERS, ids=lambda a: " ".join(a))

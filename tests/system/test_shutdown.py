@@ -17,6 +17,7 @@ import pytest
 
 from shared.natsserver import NatsServer, free_port
 from shared.procs import ServiceProcess
+from tests import natsfixtures
 from tests.mcpfixtures import time_command
 
 pytestmark = pytest.mark.system
@@ -41,13 +42,12 @@ BROKER = ["killed", "stopped"]
 
 @contextmanager
 def _server() -> Iterator[NatsServer]:
-    server = NatsServer().start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            os.kill(server.proc.pid, signal.SIGCONT)
-        server.cleanup()
+    with natsfixtures.own_server() as server:
+        try:
+            yield server
+        finally:  # a stopped server is let go on, so that its cleanup can end it
+            if server.proc is not None and server.proc.poll() is None:
+                os.kill(server.proc.pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("broker", BROKER)
