@@ -166,8 +166,10 @@ async def test_ctrl_c_stops_an_example_quietly(nc: NATS, settings: Settings, tmp
 
     await ensure_all(nc.jetstream(), settings)
     follow = Example(tmp_path, "follow_steps", FOLLOW, settings)
-    await anyio.sleep(2.0)  # subscribed and waiting for steps
-    assert follow.proc.poll() is None, follow.output()
+    with anyio.fail_after(60):  # it follows: its consumer is on the history stream (a Ctrl-C is for then)
+        while (await nc.jetstream().stream_info(settings.names.history_stream)).state.consumer_count < 1:
+            assert follow.proc.poll() is None, follow.output()
+            await anyio.sleep(0.1)
     follow.proc.send_signal(signal.SIGINT)
     with contextlib.suppress(subprocess.TimeoutExpired):
         follow.proc.wait(timeout=10)
