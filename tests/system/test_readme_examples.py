@@ -71,7 +71,14 @@ class Example:
         self._out = self.out_path.open("w")
         # From the temporary directory: nothing but the installed packages is importable.
         self.proc = subprocess.Popen(
-            [sys.executable, str(path), *args], cwd=tmp, env=env, stdout=self._out, stderr=subprocess.STDOUT
+            [sys.executable, str(path), *args],
+            cwd=tmp,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            # Ctrl-C as in a terminal: a job started in the background by a shell (CI) has SIGINT
+            # ignored, which its children inherit, and Python then installs no handler for it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def output(self) -> str:
