@@ -196,7 +196,9 @@ async def test_heartbeats_only_for_calls_that_outlive_the_interval(nc: NATS, fas
         assert [k for _, k, _ in short] == ["result"]
         long = await replies_of(nc, fast, "pace", b'{"seconds": 1.05}')
         kinds = [k for _, k, _ in long]
-        assert kinds == ["progress"] * (len(kinds) - 1) + ["result"] and len(kinds) >= 4, long
+        # Three intervals fit in the call; a loaded machine may send the first one late (the gaps
+        # are checked below), so at least two heartbeats come before the result.
+        assert kinds == ["progress"] * (len(kinds) - 1) + ["result"] and len(kinds) >= 3, long
         times = [t for t, _, _ in long]
         assert 0.25 <= times[0] <= 0.6, f"first heartbeat one interval in: {times}"
         assert all(b - a <= 0.6 for a, b in itertools.pairwise(times)), f"on time: {times}"
