@@ -31,7 +31,7 @@ from rich.text import Text
 
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
-from services.lifecycle import raise_single
+from services.lifecycle import close_quietly, raise_single
 from services.model_step.policy import parse_policy as policy_rules
 from services.tools.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
@@ -124,8 +124,7 @@ async def session(settings: Settings) -> AsyncIterator[NATS]:
     except nats.errors.Error as e:
         raise CliError(f"NATS: {_reason(e)}") from None
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(Exception):
-            await nc.close()
+        await close_quietly(nc, within=2)
 
 
 async def _require_deployment(nc: NATS, settings: Settings) -> None:
@@ -572,8 +571,10 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
     found: list[GateInfo] = []
     async with session(settings) as nc:
-        ids = [await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))] if args.loop else []
-        ids = ids or await loops(nc, settings.names)
+        if args.loop:
+            ids = [await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))]
+        else:
+            ids = await loops(nc, settings.names)
         for loop_id in ids:
             h, texts = await fold_loop(nc, settings.names, loop_id)
             found.extend(gates_of(h, texts))

@@ -13,7 +13,7 @@ import sys
 import anyio
 
 from services.cli.errors import CliError
-from services.cli.stack import port_free
+from services.cli.stack import require_free
 from services.runner import run_service
 from shared.settings import Settings
 
@@ -87,8 +87,7 @@ def run_console(args: argparse.Namespace, settings: Settings) -> int:
     problem = check_binding(args.host, token)
     if problem:
         raise CliError(problem)
-    if args.port and not port_free(args.port, args.host):
-        raise CliError(f"--port {args.port} is in use; choose another, or 0 for a free one")
+    require_free(args.port, "--port", args.host)
     # Said at once, in one line: the console would otherwise serve pages about a deployment it
     # cannot reach while its connection retries in the background.
     anyio.run(_reachable, settings)

@@ -306,12 +306,17 @@ DEFAULT_NATS_PORT: Final = 4222
 DEFAULT_CONSOLE_PORT: Final = 8080
 
 
+def require_free(port: int, option: str, host: str = "127.0.0.1") -> None:
+    """A port asked for explicitly must be free (0: any free port): a clear error, never another port."""
+    if port and not port_free(port, host):
+        raise CliError(f"{option} {port} is in use; choose another, or 0 for a free one")
+
+
 def _port_for(asked: int | None, default: int, option: str, what: str) -> int:
-    """The port to listen on: the one asked for, which must be free (a clear error, never another
-    port); without one the default, or a free port (said) while the default is taken; 0: a free port."""
+    """The port to listen on: the one asked for (see :func:`require_free`); without one the default,
+    or a free port (said) while the default is taken."""
     if asked is not None:
-        if asked and not port_free(asked):
-            raise CliError(f"{option} {asked} is in use; choose another, or 0 for a free one")
+        require_free(asked, option)
         return asked
     if port_free(default):
         return default
