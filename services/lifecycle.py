@@ -9,12 +9,21 @@ foreground of a process; tests and other services start them the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
+
+from shared.connection import live_connections
+
+log = logging.getLogger("loopwire.lifecycle")
+
+# How long a stopping service's connection may go without an answer from its server (a PING, or
+# getting back up after the server went away) before it is closed without draining.
+SILENT_SECONDS: Final = 1.0
 
 
 class Service(Protocol):
@@ -35,13 +44,50 @@ async def let_go(nc: NATS, *, within: float = 3.0) -> None:
         await close_quietly(nc)
 
 
-async def _answers(nc: NATS) -> bool:
+async def _answers(nc: NATS, within: float = 1.0) -> bool:
     # Asked first: a drain cut short by a silent server leaves nats-py's drain tasks failing unseen.
     try:
-        await nc.flush(timeout=1)
+        await nc.flush(timeout=within)  # type: ignore[arg-type]  # a float works; the stub says int
     except Exception:
         return False
     return True
+
+
+async def let_go_of_silent(*, within: float = SILENT_SECONDS) -> None:
+    """While a service stops: close each of the process's connections whose server does not answer
+    (neither a PONG nor any message within ``within`` seconds, or still reconnecting after
+    ``within`` seconds); checked again every ``within`` seconds until cancelled.
+
+    A stop's drain on such a connection only waits out nats-py's timeouts, one after another (a
+    subscription's drain flushes for up to 10 s, a JetStream call waits 5 s), while nothing it sends
+    can arrive. Closed, every wait on it ends at once (:class:`shared.connection.Connection`) and the
+    stop goes on; what the service held comes back by itself (unacknowledged work is delivered
+    again, leases and registrations expire). A connection whose server answers drains as long as its
+    work in flight needs.
+    """
+    while True:
+        async with anyio.create_task_group() as tg:
+            for nc in live_connections():
+                tg.start_soon(_close_if_silent, nc, within)
+        await anyio.sleep(within)
+
+
+async def _close_if_silent(nc: NATS, within: float) -> None:
+    if nc.is_reconnecting:
+        with anyio.move_on_after(within):
+            while nc.is_reconnecting:  # noqa: ASYNC110  # nats-py has no event for getting back up
+                await anyio.sleep(0.05)
+        if not nc.is_reconnecting:
+            return
+    else:
+        received = nc.stats["in_msgs"]
+        # A server that sends messages but is slow to answer the PING (a busy drain) is not silent.
+        if await _answers(nc, within) or nc.stats["in_msgs"] != received:
+            return
+    if nc.is_closed:
+        return
+    log.warning("NATS connection %s: its server does not answer; closed without draining", nc.options.get("name"))
+    await close_quietly(nc)
 
 
 async def close_quietly(nc: NATS, *, within: float = 1.0) -> None:

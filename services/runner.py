@@ -15,7 +15,7 @@ from typing import Final, NoReturn
 import anyio
 from anyio.abc import TaskGroup
 
-from services.lifecycle import Service, raise_single
+from services.lifecycle import Service, let_go_of_silent, raise_single
 from shared import logfmt, metrics, telemetry
 from shared.bus import broker_reachable
 from shared.errors import NatsUnreachableError
@@ -23,8 +23,8 @@ from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
 
-# How long a stop may take while no NATS server answers (every service stops within 5 s of SIGTERM).
-STOP_WITHOUT_BROKER_SECONDS: Final = 3.5
+# The last resort for a stop while no NATS server answers: every service stops within 5 s of SIGTERM.
+STOP_WITHOUT_BROKER_SECONDS: Final = 4.5
 
 
 def setup_logging(settings: Settings, name: str) -> None:
@@ -112,13 +112,16 @@ async def _cancel_on_signal(
             _exit_now(log, "stopped at once (a second signal): nothing was drained")
         log.info("stopping (signal)")
         scope.cancel()
+        tg.start_soon(let_go_of_silent)
         tg.start_soon(_cut_short_without_broker, log, settings)
 
 
 async def _cut_short_without_broker(log: logging.Logger, settings: Settings) -> None:
-    """With no NATS server answering, a drain only waits for timeouts: the stop ends after
-    :data:`STOP_WITHOUT_BROKER_SECONDS`. With one answering, the drain takes what it needs (calls in
-    flight finish by their own deadlines)."""
+    """The last resort: with no NATS server answering, the process ends
+    :data:`STOP_WITHOUT_BROKER_SECONDS` after the signal whatever still runs. The stop does not count
+    on it: :func:`~services.lifecycle.let_go_of_silent` closes the connections whose server is gone,
+    so the drain ends in about a second. With a server answering, the drain takes what it needs
+    (calls in flight finish by their own deadlines)."""
     deadline = anyio.current_time() + STOP_WITHOUT_BROKER_SECONDS
     if await broker_reachable(settings):
         return

@@ -21,6 +21,12 @@ use. It raises what ``Client.request`` raises (``nats.errors.TimeoutError``,
 nats-py's own JetStream and key-value calls on a connection take it too.
 :func:`request_resending` sends an idempotent request again while no reply comes, so a queue-group
 member that died holding it costs a resend pause, not the timeout.
+
+A :class:`Connection` that closes wakes everything still waiting on it (a flush, a request) with
+``ConnectionClosedError``: nats-py leaves them to their timeouts (10 s for a flush, 5 s for a
+JetStream call), which a service stopping without its broker would otherwise wait out one by one.
+:func:`live_connections` lists the process's connections, so a stop can close those whose server is
+gone (:func:`services.lifecycle.let_go_of_silent`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,23 @@ class Connection(Client):
         self._names: dict[str, bytes] = {}
         self._direct: dict[int, Callable[[Msg], None]] = {}
         self._kick: asyncio.Future[None] | None = None
+        _live.add(self)
+
+    async def _close(self, status: int, do_cbs: bool = True) -> None:
+        try:
+            await super()._close(status, do_cbs)
+        finally:  # also when the close itself is cut short (a stalled server takes no bytes)
+            if self.is_closed:
+                self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        # Nothing can answer them any more; nats-py would leave each to its own timeout.
+        for pong in self._pongs:
+            _fail(pong)
+        self._pongs.clear()
+        inbox = _inboxes.get(self)
+        if inbox is not None:
+            inbox.fail_all()
 
     async def subscribe_direct(self, subject: str, handler: Callable[[Msg], None], *, queue: str = "") -> Subscription:
         """A subscription whose messages ``handler`` takes in the read loop itself.
@@ -244,6 +267,16 @@ class _Inbox:
         self.count += 1
         return str(self.count)
 
+    def fail_all(self) -> None:
+        """The connection closed: every waiting request raises ``ConnectionClosedError`` now."""
+        for waiter in self.waiting.values():
+            if isinstance(waiter, asyncio.Future):
+                _fail(waiter)
+            elif isinstance(waiter, _Replies):
+                _fail(waiter.done)
+            else:
+                _fail(waiter.wake)
+
     def _on_reply(self, msg: Msg) -> None:
         token = msg.subject[len(self.prefix) :]
         waiter = self.waiting.get(token)
@@ -272,6 +305,19 @@ async def subscribe_quick(nc: Client, subject: str, handler: Callable[[Msg], Non
 
 
 _inboxes: weakref.WeakKeyDictionary[Client, _Inbox] = weakref.WeakKeyDictionary()
+_live: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def live_connections() -> list[Connection]:
+    """This process's connections that are up or trying to get back up (never a closed one)."""
+    return [nc for nc in list(_live) if nc.is_connected or nc.is_reconnecting]
+
+
+def _fail(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(nats.errors.ConnectionClosedError())
+        # Marked as seen: a waiter nobody awaits any more (a ping's) would be logged at collection.
+        waiter.exception()
 
 
 def _expire(waiter: asyncio.Future[Msg]) -> None:
@@ -393,6 +439,7 @@ async def request_many(
                 raise nats.errors.TimeoutError
             seen = len(replies.msgs)
             await asyncio.wait((done,), timeout=idle)
+        done.result()  # ConnectionClosedError when the connection closed meanwhile
     finally:
         inbox.waiting.pop(token, None)
     return replies.msgs

@@ -299,7 +299,8 @@ class LoopClosed(Event):
 class TurnStarted(Event):
     turn_index: TurnIndex = 0
     message: UserMessage = msgspec.field(default_factory=UserMessage)
-    # The turn's ``invoke_agent`` span: every later span of the turn, in any process, joins its trace.
+    # The context the turn's first drive began in (the work signal's; its own span when there was
+    # none): every later span of the turn, in any process, joins its trace (docs/observability.md).
     traceparent: TraceparentOrEmpty = ""
 
 

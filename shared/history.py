@@ -73,6 +73,7 @@ class OpenTurn(msgspec.Struct, kw_only=True):
     tool_calls: int = 0  # tool uses in those steps
     usage: Usage = msgspec.field(default_factory=Usage)
     traceparent: str = ""  # the turn's trace (TurnStarted), "" when it was not traced
+    started_at: str = ""  # the TurnStarted's created_at
     # A final answer (a one-message StepDone) is stored: the turn's only next record is its end.
     answered: bool = False
 
@@ -208,7 +209,11 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             self.messages.append(cp(event.message))
             self.turns += 1
             self.open_turn = OpenTurn(
-                turn_id=event.turn_id, turn_index=event.turn_index, started_seq=seq, traceparent=event.traceparent
+                turn_id=event.turn_id,
+                turn_index=event.turn_index,
+                started_seq=seq,
+                traceparent=event.traceparent,
+                started_at=event.created_at,
             )
             self._consume(cmd)
         elif isinstance(event, TurnFoldedInto):

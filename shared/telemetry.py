@@ -14,8 +14,11 @@ follow the OpenTelemetry GenAI and messaging semantic conventions (docs/observab
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
@@ -67,18 +70,37 @@ def configure(service: str) -> bool:
         return ENABLED
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     name = os.environ.get("OTEL_SERVICE_NAME", "").strip() or f"loopwire-{service}"
-    instance = f"{socket.gethostname()}-{os.getpid()}"
-    provider = TracerProvider(resource=Resource.create({"service.name": name, "service.instance.id": instance}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider = make_provider(name, BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("loopwire")
     ENABLED = True
     return True
+
+
+def make_provider(service_name: str, processor: Any) -> Any:
+    """A tracer provider as the services have, its spans going to ``processor``: random ids, but for
+    a span started with ids of its own (:func:`start_span`, a keyed :func:`span`)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class ChosenIds(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            return _chosen.get()[1] or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            return _chosen.get()[0] or super().generate_trace_id()
+
+    instance = f"{socket.gethostname()}-{os.getpid()}"
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name, "service.instance.id": instance}),
+        id_generator=ChosenIds(),
+    )
+    provider.add_span_processor(processor)
+    return provider
 
 
 def shutdown() -> None:
@@ -189,6 +211,101 @@ def context_of(tp: str) -> Any:
 
 # --- spans ----------------------------------------------------------------------------------------
 
+# (trace id, span id) for the next span started: set only around one start (see start_span).
+_chosen: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("loopwire_chosen_ids", default=(0, 0))
+# Where keyed spans left by a cancellation go (see span() and holding()); None: they end there.
+_holder: contextvars.ContextVar[list[tuple[Any, int]] | None] = contextvars.ContextVar(
+    "loopwire_span_holder", default=None
+)
+
+
+def derived_span_id(*parts: str) -> int:
+    """A span id made from what the span works on: the same work gets the same id in every process,
+    so a process that continues work another one left (it died) continues its span too."""
+    digest = hashlib.blake2b("/".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def ids_of(tp: str) -> tuple[int, int]:
+    """(trace id, span id) of a ``traceparent``; (0, 0) when it is not one."""
+    parts = tp.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return 0, 0
+    try:
+        return int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return 0, 0
+
+
+def traceparent_of(trace_id: int, span_id: int) -> str:
+    """The ``traceparent`` of a sampled span."""
+    return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+def start_span(
+    name: str,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    parent: Any = None,
+    links: Sequence[str] = (),
+    span_id: int = 0,
+    root_of: int = 0,
+    start_ns: int = 0,
+) -> Any:
+    """An INTERNAL span the caller makes current (:func:`using`) and ends — or never ends, so it is
+    never exported. ``parent``: a context (else the current one); ``span_id``: its id (else random);
+    ``root_of``: a trace id: the span has no parent and begins that trace; ``start_ns``: its start
+    (else now). None while tracing is off."""
+    if not ENABLED:
+        return None
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind
+
+    token = _chosen.set((root_of, span_id))
+    try:
+        return _tracer.start_span(
+            name,
+            context=Context() if root_of else parent,
+            kind=SpanKind.INTERNAL,
+            attributes=dict(attributes or {}),
+            links=_links(links),
+            start_time=start_ns or None,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+    finally:
+        _chosen.reset(token)
+
+
+def using(s: Any) -> contextlib.AbstractContextManager[Any]:
+    """Make span ``s`` (from :func:`start_span`) current for the block without ending it."""
+    if not ENABLED or s is None:
+        return NULL
+    from opentelemetry import trace
+
+    return trace.use_span(s, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+
+
+def span_ids(s: Any) -> tuple[str, str]:
+    """(trace id, span id) of span ``s`` in hex, or ("", "")."""
+    if not ENABLED or s is None:
+        return "", ""
+    sc = s.get_span_context()
+    if not sc.is_valid:
+        return "", ""
+    return format(sc.trace_id, "032x"), format(sc.span_id, "016x")
+
+
+@contextlib.contextmanager
+def holding(held: list[tuple[Any, int]]) -> Iterator[None]:
+    """Keyed spans a cancellation cuts short inside the block are not ended but put in ``held``
+    (with the time they were cut), for the owner of the block to end or drop."""
+    token = _holder.set(held)
+    try:
+        yield
+    finally:
+        _holder.reset(token)
+
 
 def span(
     name: str,
@@ -197,45 +314,72 @@ def span(
     attributes: Mapping[str, Any] | None = None,
     parent: Any = None,
     links: Sequence[str] = (),
+    key: str = "",
 ) -> contextlib.AbstractContextManager[Any]:
     """A span around a block (current inside it); ``parent`` a context, ``links`` traceparents.
 
     An exception leaving the block marks the span as an error (``error.type`` = its class name).
+    ``key``: the span's id is derived from its parent's and the key, so work that another process
+    takes up again under the same parent (a call of a step it continues) gets the same span; and a
+    cancellation that cuts it short inside :func:`holding` leaves it to the holder.
     """
     if not ENABLED:
         return NULL
-    return _span(name, kind, attributes, parent, links)
+    return _span(name, kind, attributes, parent, links, key)
+
+
+def _links(links: Sequence[str]) -> list[Any]:
+    from opentelemetry import trace
+    from opentelemetry.trace import Link
+
+    out = []
+    for tp in links:
+        ctx = context_of(tp)
+        if ctx is not None:
+            out.append(Link(trace.get_current_span(ctx).get_span_context()))
+    return out
 
 
 @contextlib.contextmanager
 def _span(
-    name: str, kind: str, attributes: Mapping[str, Any] | None, parent: Any, links: Sequence[str]
+    name: str, kind: str, attributes: Mapping[str, Any] | None, parent: Any, links: Sequence[str], key: str
 ) -> Iterator[Any]:
     from opentelemetry import trace
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace import SpanKind, Status, StatusCode
 
-    span_links = []
-    for tp in links:
-        ctx = context_of(tp)
-        if ctx is not None:
-            span_links.append(Link(trace.get_current_span(ctx).get_span_context()))
-    with _tracer.start_as_current_span(
-        name,
-        context=parent,
-        kind=getattr(SpanKind, kind.upper()),
-        attributes=dict(attributes or {}),
-        links=span_links,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as s:
+    span_id = 0
+    if key:
+        above = trace.get_current_span(parent).get_span_context()
+        span_id = derived_span_id(format(above.span_id, "016x"), key) if above.is_valid else 0
+    token = _chosen.set((0, span_id))
+    try:
+        s = _tracer.start_span(
+            name,
+            context=parent,
+            kind=getattr(SpanKind, kind.upper()),
+            attributes=dict(attributes or {}),
+            links=_links(links),
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+    finally:
+        _chosen.reset(token)
+    with trace.use_span(s, end_on_exit=False, record_exception=False, set_status_on_exception=False):
         try:
             yield s
         except BaseException as e:
-            # Cancellation (an interrupt, a lost lease) is an end of work, not a failure.
+            # Cancellation (an interrupt, a lost lease, a stop) is an end of work, not a failure.
             if isinstance(e, Exception):
                 s.set_attribute(ERROR_TYPE, type(e).__name__)
                 s.set_status(Status(StatusCode.ERROR, str(e)[:200]))
+            else:
+                held = _holder.get() if key else None
+                if held is not None:
+                    held.append((s, time.time_ns()))
+                    raise
+            s.end()
             raise
+    s.end()
 
 
 def set_error(s: Any, error_type: str, message: str = "") -> None:

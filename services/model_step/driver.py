@@ -37,10 +37,22 @@ from services.model_step.models.base import (
     ToolDef,
     is_delta,
 )
-from services.model_step.policy import ALLOW, ASK, DENY, gate_effect, policy_effect, tool_allowed_for_loop
+from services.model_step.policy import (
+    ALLOW,
+    ASK,
+    ASK_RUNNING,
+    DENY,
+    WAIT_FOR_SOURCE,
+    ForkWay,
+    fork_way,
+    gate_effect,
+    policy_effect,
+    tool_allowed_for_loop,
+)
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
 from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
 from services.tools.client import outcome_of
+from services.tools.executor import caller_span
 from services.tools.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
 from shared import shaping, telemetry
@@ -98,8 +110,9 @@ class LoopDriver:
     # Per loop being driven: the last sequence of this drive's own latest commit. A step at that
     # position is new: nobody else can have started it while this drive held the lease throughout.
     _made: dict[str, int] = field(default_factory=dict)
-    # Per forked loop being driven: the source's recorded results after the fork point.
+    # Per forked loop being driven: the source's recorded results after the fork point, and its fold.
     _fork_sources: dict[str, forkcalls.SourceView] = field(default_factory=dict)
+    _source_folds: dict[str, LoopHistory] = field(default_factory=dict)
     # Sends the loops' live events in frames. The service shares it with its executor and runs its
     # clock for its lifetime (otherwise each drive runs the clock for itself).
     live: InitVar[LiveOutbox | None] = None
@@ -162,7 +175,8 @@ class LoopDriver:
         # The loop API's records (the committer republishes them on the loop's control subject).
         # Subscribe before the first read: a record committed meanwhile is either read or flagged.
         sub = await subscribe_quick(self.nc, names.ctl(loop_id), on_ctl)
-        turn_trace = tracing.TurnTrace()
+        turn_trace = tracing.TurnTrace(loop_id)
+        rests = False  # the drive ended with nothing left to do (its turn, if any, waits at a gate)
         try:
             h = await self._refresh(loop_id)
             passes = 0  # a bound, not a budget: each pass commits something
@@ -174,12 +188,14 @@ class LoopDriver:
                     while passes < 10_000:
                         nxt = next_action(h)
                         if nxt.action is Action.NONE:
+                            rests = True
                             return h
                         passes += 1
                         self._basis[loop_id] = h.last_seq  # the step's inputs are read from this fold
+                        new_turn = new_id() if nxt.action is Action.START_TURN else ""
                         try:
-                            with turn_trace.advance(h, nxt.action is Action.START_TURN):
-                                await self._advance(h, nxt.action, nxt.gate)
+                            with turn_trace.advance(h, new_turn):
+                                await self._advance(h, nxt.action, nxt.gate, new_turn, turn_trace.recorded)
                         except StepAbandoned as e:
                             log.info("loop %s: step abandoned (%s)", loop_id, e, extra={"loop_id": loop_id})
                         except CommitRefused as e:
@@ -190,12 +206,19 @@ class LoopDriver:
                 interrupted.clear()
                 h = await self._refresh(loop_id)
         finally:
-            turn_trace.close()
+            # A drive stopped mid-turn leaves its turn's span to the drive that continues the turn.
+            turn_trace.leave(self.cache.get(loop_id), rests=rests)
             await sub.unsubscribe()
             self._own.pop(loop_id, None)
             self._foreign.pop(loop_id, None)
             self._fork_sources.pop(loop_id, None)
+            self._source_folds.pop(loop_id, None)
         return h
+
+    async def open_turn_trace(self, loop_id: str) -> str:
+        """The trace context recorded by the loop's open turn ("" with none); the read is cached."""
+        t = (await self._load(loop_id)).open_turn
+        return t.traceparent if t is not None else ""
 
     async def _refresh(self, loop_id: str) -> LoopHistory:
         """The loop's fold after our last commit: re-read only when another writer may have written.
@@ -232,9 +255,11 @@ class LoopDriver:
         self.cache[loop_id] = h
         return h
 
-    def _advance(self, h: LoopHistory, action: Action, gate: GateState | None) -> Awaitable[None]:
+    def _advance(
+        self, h: LoopHistory, action: Action, gate: GateState | None, turn_id: str, traceparent: str
+    ) -> Awaitable[None]:
         """The action's own coroutine (not one awaiting it: the step's every resumption passes
-        through each coroutine frame of its chain)."""
+        through each coroutine frame of its chain). ``turn_id``, ``traceparent``: of a turn it starts."""
         if action is Action.START_TURN:
             inp = h.pending_inputs[0]
             assert inp.cause is not None
@@ -242,11 +267,11 @@ class LoopDriver:
                 ev.TurnStarted,
                 loop_id=h.loop_id,
                 session_id=inp.session_id,
-                turn_id=new_id(),
+                turn_id=turn_id,
                 turn_index=h.turns + 1,
                 message=clone(inp.message),
                 cause=Cause(command_id=inp.cause.command_id, event_id=inp.event_id),
-                traceparent=telemetry.traceparent(),
+                traceparent=traceparent,
             )
             return self._commit(h, lambda _h: [ts])
         if action is Action.IDLE:
@@ -479,11 +504,13 @@ class LoopDriver:
         effect = gate_effect(g.resolved)
         unknown = g.gate.reason == GATE_OUTCOME_UNKNOWN
         if effect == "approve":
+            # A permission gate a fork copied open: the source may have run the call since.
+            copied = h.forked is not None and g.opened_seq <= h.formed_seq and not g.gate.reason
             d = ev.Decision(
                 tool_use_id=g.gate.tool_use_id,
                 tool_execution_id=g.tool_execution_id,
                 effect="approve",
-                reason=RERUN_APPROVED if unknown else "gate_approved",
+                reason=RERUN_APPROVED if unknown else forkcalls.COPIED_GATE_APPROVED if copied else "gate_approved",
             )
         elif effect == "reply":
             d = ev.Decision(
@@ -584,7 +611,15 @@ class LoopDriver:
                         continue
             if call.id in decided:
                 p.decision = decided[call.id]
-                if p.decision.reason == forkcalls.FORK_REUSED:
+                if p.decision.reason == forkcalls.COPIED_GATE_APPROVED:
+                    # Approved in the fork; but a call the source ran since (or may be running) is a
+                    # repeated call, and the fork's re-execution rule decides whether it runs again.
+                    spec = self._spec(h, call.name)
+                    if spec is not None and not call.invalid:
+                        way, s = await self._fork_repeat(h, t, step_id, s, p, spec)
+                        if way in (forkcalls.ASK, ASK_RUNNING):
+                            return
+                elif p.decision.reason == forkcalls.FORK_REUSED:
                     view = await self._fork_view(h)
                     p.recorded = forkcalls.recorded_outcome(view.results, call.name, call.input)
                     if p.recorded is None:  # nothing to take: the source has not committed the call
@@ -600,13 +635,10 @@ class LoopDriver:
             if call.minted_id or spec is None or call.invalid:
                 continue  # a pre-execution failure: the executor reports it, no authorisation
             if h.forked is not None:
-                way, running = await self._fork_reexecution(h, p, spec)
-                if way == forkcalls.ASK:
-                    await self._open_gate(h, t, step_id, s, p, spec, kind="permission", fork=True, running=running)
+                way, s = await self._fork_repeat(h, t, step_id, s, p, spec)
+                if way in (forkcalls.ASK, ASK_RUNNING):
                     return
                 if way == forkcalls.REUSE:
-                    assert p.decision is not None
-                    s = _with_decision(s, p.decision)
                     continue
             if spec.kind == KIND_USER_INPUT:
                 await self._open_gate(h, t, step_id, s, p, spec, kind="user_input")
@@ -650,7 +682,14 @@ class LoopDriver:
         """The source's calls as the fork sees them; kept once the source rests (a busy one is read again)."""
         found = self._fork_sources.get(h.loop_id)
         if found is None and h.forked is not None:
-            found = await forkcalls.read_source(self.nc, self.settings.names, h.forked, self._max_record)
+            found, self._source_folds[h.loop_id] = await forkcalls.read_source(
+                self.nc,
+                self.settings.names,
+                h.forked,
+                self._max_record,
+                self._source_folds.get(h.loop_id),
+                consistent=self.settings.leader_reads,
+            )
             if not found.busy:
                 self._fork_sources[h.loop_id] = found
         return found or forkcalls.SourceView(results={}, busy=False)
@@ -666,29 +705,42 @@ class LoopDriver:
             view = await self._fork_view(h)
         return view
 
-    async def _fork_reexecution(self, h: LoopHistory, p: PlannedCall, spec: ToolSpec) -> tuple[str, bool]:
-        """In a fork, for a call equal to one the source made after the fork point: reuse (sets the
-        decision and the source's outcome), rerun or ask; "" for any other call. The flag says the
-        source may be running the call itself (then it is asked about, as a call whose outcome is
-        unknown: the source is given the tool's deadline to commit it first)."""
+    async def _fork_repeat(
+        self, h: LoopHistory, t: OpenTurn, step_id: str, s: ev.SuspendedStep, p: PlannedCall, spec: ToolSpec
+    ) -> tuple[ForkWay, ev.SuspendedStep]:
+        """A fork's call that its source may have made too: asked (the step parks at a gate, opened
+        here), reused (the step records the decision) or run as any call; the step as it is now."""
+        way = await self._fork_reexecution(h, p, spec)
+        if way in (forkcalls.ASK, ASK_RUNNING):
+            await self._open_gate(h, t, step_id, s, p, spec, kind="permission", fork=True, running=way == ASK_RUNNING)
+        elif way == forkcalls.REUSE:
+            assert p.decision is not None
+            s = _with_decision(s, p.decision)
+        return way, s
+
+    async def _fork_reexecution(self, h: LoopHistory, p: PlannedCall, spec: ToolSpec) -> ForkWay:
+        """In a fork, what ``p``'s call does (:func:`~services.model_step.policy.fork_way`), after
+        waiting, when the source may be running it, up to the tool's deadline (at most
+        SOURCE_WAIT_SECONDS) for the source to commit it; reuse also sets the decision and the
+        source's outcome."""
         assert h.forked is not None
+        rule = forkcalls.reexecution_for(h.forked, p.call.name, spec)
         view = await self._fork_view(h)
-        outcome = forkcalls.recorded_outcome(view.results, p.call.name, p.call.input)
-        if outcome is None and view.busy and not spec.rerun_safe:
-            wait = min(float(spec.timeout_seconds or 0.0), forkcalls.SOURCE_WAIT_SECONDS)
-            view = await self._settled_view(h, p, wait)
+        waited = False
+        while True:
             outcome = forkcalls.recorded_outcome(view.results, p.call.name, p.call.input)
-            if outcome is None and view.busy:
-                return forkcalls.ASK, True
-        if outcome is None:
-            return "", False
-        way = forkcalls.reexecution_for(h.forked, p.call.name, spec)
+            known = outcome is not None
+            way = fork_way(rule, source_result=known, source_busy=view.busy, rerun_safe=spec.rerun_safe, waited=waited)
+            if way != WAIT_FOR_SOURCE:
+                break
+            wait = min(float(spec.timeout_seconds or 0.0), forkcalls.SOURCE_WAIT_SECONDS)
+            view, waited = await self._settled_view(h, p, wait), True
         if way == forkcalls.REUSE:
             p.recorded = outcome
             p.decision = ev.Decision(
                 tool_use_id=p.call.id, tool_execution_id=p.execution_id, effect="approve", reason=forkcalls.FORK_REUSED
             )
-        return way, False
+        return way
 
     async def _prior(self, h: LoopHistory, p: PlannedCall) -> str:
         """What an earlier run of the step left of this call: "" (nothing: it never started, or it
@@ -704,13 +756,14 @@ class LoopDriver:
             timeout = float(spec.timeout_seconds if spec is not None else self.settings.tool_timeout_seconds)
             left = rec.started_ms / 1000 + timeout + 3 * self.settings.heartbeat_seconds - time.time()
             until = time.monotonic() + max(0.0, left)
-            while rec.state != DONE:
-                if time.monotonic() >= until or await is_gone(
-                    self.nc, self.settings.names.tool_worker(rec.worker_id), timeout=WORKER_PING_SECONDS
-                ):
-                    return _UNKNOWN
-                await anyio.sleep(RECORD_POLL_SECONDS)
-                rec = await self.results.call(p.call.name, p.execution_id) or rec
+            with caller_span(p.call.name, p.call.id, p.execution_id):  # the worker's span's parent
+                while rec.state != DONE:
+                    if time.monotonic() >= until or await is_gone(
+                        self.nc, self.settings.names.tool_worker(rec.worker_id), timeout=WORKER_PING_SECONDS
+                    ):
+                        return _UNKNOWN
+                    await anyio.sleep(RECORD_POLL_SECONDS)
+                    rec = await self.results.call(p.call.name, p.execution_id) or rec
         p.recorded = outcome_of(rec.reply_kind, bytes(rec.reply), rec.worker_id)
         return _RECORDED
 

@@ -2,7 +2,9 @@
 
 ``reuse`` takes the source's recorded result (nothing runs), ``rerun`` runs it like any call, ``ask``
 opens a permission gate (approve runs it again, deny takes the source's result). The default follows
-the tool's safety annotations: read-only → rerun, idempotent → reuse, anything else → ask.
+the tool's safety annotations: read-only → rerun, idempotent → reuse, anything else → ask. What a
+call does, the source's results and state given, is decided by ``policy.fork_way``; this module
+reads the source.
 """
 
 from __future__ import annotations
@@ -12,24 +14,14 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
+from services.model_step.steps import may_run_calls
 from services.tools import protocol as tp
 from services.tools.client import OK, CallOutcome
 from services.tools.spec import ToolSpec
 from shared.content import ToolResultMessage
-from shared.events import (
-    Event,
-    LoopClosed,
-    LoopForked,
-    LoopIdle,
-    LoopStarted,
-    PermissionRequested,
-    TurnDone,
-    TurnFailed,
-    TurnInterrupted,
-    UserInputRequested,
-)
+from shared.events import LoopForked
 from shared.forking import call_key, source_results
-from shared.history import replay
+from shared.history import LoopHistory, load, replay
 from shared.subjects import Names
 from shared.wiretypes import GateReason, Reexecution
 
@@ -45,13 +37,15 @@ FORK_RUNNING_SUMMARY: Final = (
 )
 # Decision reason of a call whose gate was denied while the source had no result of it to take.
 FORK_NO_RESULT: Final = "fork_no_source_result"
+# Decision reason of a call approved at a gate the fork copied open (the re-execution rule still applies).
+COPIED_GATE_APPROVED: Final = "copied_gate_approved"
 # How long a fork waits for a busy source to commit an equal call (or come to rest) before it asks.
 SOURCE_WAIT_SECONDS: Final = 30.0
 
 SourceResults = dict[tuple[str, str], ToolResultMessage]
 
 
-def reexecution_for(forked: LoopForked, tool_name: str, spec: ToolSpec | None) -> str:
+def reexecution_for(forked: LoopForked, tool_name: str, spec: ToolSpec | None) -> Reexecution:
     """reuse | rerun | ask for a repeated call of ``tool_name``: the fork's rule, ``*``, then the annotations."""
     explicit = forked.reexecution.get(tool_name) or forked.reexecution.get("*")
     if explicit:
@@ -63,24 +57,6 @@ def reexecution_for(forked: LoopForked, tool_name: str, spec: ToolSpec | None) -
     return ASK
 
 
-# A source whose last record is one of these runs no call: it rests, or waits at a gate (a step is
-# authorised whole before any of its calls runs). After any other, a drive of it may be running calls
-# whose results are not committed yet.
-_AT_REST: Final = frozenset(
-    {
-        LoopStarted,
-        LoopForked,
-        LoopIdle,
-        LoopClosed,
-        TurnDone,
-        TurnFailed,
-        TurnInterrupted,
-        PermissionRequested,
-        UserInputRequested,
-    }
-)
-
-
 @dataclass(frozen=True, slots=True)
 class SourceView:
     """What a fork knows of its source's calls after the fork point: their committed results, and
@@ -90,21 +66,21 @@ class SourceView:
     busy: bool
 
 
-def may_be_running(last: Event | None) -> bool:
-    """Whether a loop whose last record is ``last`` may have a call running."""
-    return last is not None and type(last) not in _AT_REST
-
-
-async def read_source(nc: NATS, names: Names, forked: LoopForked, max_record_bytes: int) -> SourceView:
-    """The source's records from the fork point on: its results after the point, and whether it is busy."""
+async def read_source(
+    nc: NATS, names: Names, forked: LoopForked, max_record_bytes: int, fold: LoopHistory | None, *, consistent: bool
+) -> tuple[SourceView, LoopHistory]:
+    """The source's calls after the fork point, and its fold (``fold``, the last one, is read on
+    from where it ended): busy while it has work to do (:func:`~services.model_step.steps.may_run_calls`)."""
+    # The fold first: a call committed after it is read below, so a source seen resting has
+    # committed every call it ran.
+    h = await load(nc, names, forked.source_loop_id, fold, max_record_bytes=max_record_bytes, consistent=consistent)
     records = [
         r
         async for r in replay(
             nc, forked.source_loop_id, names=names, from_seq=forked.source_seq, max_record_bytes=max_record_bytes
         )
     ]
-    last = records[-1][1] if records else None
-    return SourceView(results=source_results(records, forked.source_seq), busy=may_be_running(last))
+    return SourceView(results=source_results(records, forked.source_seq), busy=may_run_calls(h)), h
 
 
 def recorded_outcome(results: SourceResults, name: str, raw_input: str) -> CallOutcome | None:

@@ -82,6 +82,8 @@ class Lease:
     ttl: float
     valid_until: float  # monotonic
     lost: bool = False
+    # The value of the holder this lease was taken over from (its process or connection was gone).
+    taken_from: bytes = b""
     _on_lost: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -170,14 +172,16 @@ class Leases:
     async def acquire(self, loop_id: str) -> Lease | None:
         """The loop's lease, or None while another live replica (or another drive here) holds it."""
         sent = time.monotonic()
-        revision = await self._create(loop_id)
-        if revision is None:
+        taken = await self._create(loop_id)
+        if taken is None:
             return None
+        revision, taken_from = taken
         lease = Lease(
             kv=self.kv,
             key=loop_id,
             value=self.value,
             revision=revision,
+            taken_from=taken_from,
             ttl=self.ttl,
             valid_until=sent + self.ttl - SAFETY_SECONDS,
         )
@@ -220,9 +224,10 @@ class Leases:
                 tg.start_soon(check, key)
         return sorted(found)
 
-    async def _create(self, loop_id: str) -> int | None:
+    async def _create(self, loop_id: str) -> tuple[int, bytes] | None:
+        """(revision, the value of the holder it was taken over from, or b"")."""
         try:
-            return int(await self.kv.create(loop_id, self.value))
+            return int(await self.kv.create(loop_id, self.value)), b""
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
         except nats.js.errors.APIError as e:
@@ -230,8 +235,9 @@ class Leases:
                 raise
         return await self._take_over(loop_id)
 
-    async def _take_over(self, loop_id: str) -> int | None:
-        """Take the key from a holder whose connection is gone; None if it is alive (or unknown)."""
+    async def _take_over(self, loop_id: str) -> tuple[int, bytes] | None:
+        """Take the key from a holder whose connection is gone; None if it is alive (or unknown).
+        (The drive says so in its log, once it knows the turn it takes up.)"""
         try:
             entry = await self.kv.get(loop_id)
         except nats.js.errors.KeyNotFoundError:
@@ -245,11 +251,8 @@ class Leases:
             revision = int(await self.kv.update(loop_id, self.value, last=entry.revision))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             return None  # another replica was faster, or the key expired meanwhile
-        log.info(
-            "loop %s taken over from a replica that is gone (%r)", loop_id, entry.value, extra={"loop_id": loop_id}
-        )
         metrics.inc(metrics.LEASE_TAKEOVERS)
-        return revision
+        return revision, entry.value or b"?"
 
 
 async def keep(lease: Lease, *, tick: float, in_progress: Callable[[], Awaitable[object]] | None = None) -> None:

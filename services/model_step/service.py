@@ -22,7 +22,7 @@ from nats.js.kv import KeyValue
 
 from services.lifecycle import close_quietly, let_go
 from services.model_step.driver import LoopDriver
-from services.model_step.lease import LeaseLost, Leases, keep
+from services.model_step.lease import Lease, LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
@@ -33,6 +33,7 @@ from shared.client import CommitClient
 from shared.history import load
 from shared.results import ResultStore
 from shared.settings import Settings
+from shared.subjects import H_TRACEPARENT
 
 log = logging.getLogger("loopwire.model_step")
 
@@ -340,47 +341,69 @@ class ModelStepService:
             )
             await msg.nak(delay=BUSY_NAK_SECONDS)  # another replica drives it; it looks again after its ack
             return
-        log.debug("loop %s: item %s: driving", loop_id, _Item(msg), extra={"loop_id": loop_id})
-        acked = at_rest = False
         try:
-            async with anyio.create_task_group() as tg:
-                lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
-                tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
-                try:
-                    h = await self._driver.drive(loop_id, lease)
-                    # Only the holder acks: after a lost lease the item may already be another replica's.
-                    lease.check()
-                    await msg.ack()
-                    at_rest = next_action(h).action is Action.NONE
-                    acked = True
-                    log.debug(
-                        "loop %s: item %s acked; drive ended at seq %d (%s)",
-                        loop_id,
-                        _Item(msg),
-                        h.last_seq,
-                        "at rest" if at_rest else "work left",
-                        extra={"loop_id": loop_id},
-                    )
-                except LeaseLost:
-                    log.info("loop %s: stopped driving (lease no longer held)", loop_id, extra={"loop_id": loop_id})
-                tg.cancel_scope.cancel()
-            if acked:
-                # With the item acked, the last look is all that backs work that came in during the
-                # drive. It only reads and signals, so neither a lost lease (a JetStream outage can
-                # lapse it while the look's signal is still being retried) nor a stopping service may
-                # cut it short.
-                with anyio.CancelScope(shield=True):
-                    # The signals noted so far were published before this look: it sees their work.
-                    handling.finishing = True
-                    noted = handling.noted
-                    # A drive that ended at rest with no signal noted needs no look: a record its fold
-                    # lacks can only come from a command (the loop API), whose signal is then still
-                    # pending — it replaced our item if it came first, and acking our item leaves it —
-                    # so it is delivered like any other.
-                    if noted or not at_rest:
-                        await self._look_again(loop_id)
-                        await self._drop_signals(loop_id, noted)
+            with telemetry.attached(await self._item_trace(msg, loop_id)):
+                await self._drive_held(msg, loop_id, handling, lease)
         finally:
             leases.forget(lease)
             with anyio.CancelScope(shield=True):
                 await lease.release()
+
+    async def _item_trace(self, msg: Msg, loop_id: str) -> dict[str, str] | None:
+        """The trace to drive an item in when it carries none (a signal sent again, e.g. for the loops
+        of a replica that died): that of the loop's open turn, so the lines of its takeover are in it."""
+        if not telemetry.ENABLED or (msg.headers and msg.headers.get(H_TRACEPARENT)):
+            return None
+        try:
+            tp = await self._driver.open_turn_trace(loop_id)
+        except Exception:  # the drive reads the history anyway, and says what failed
+            return None
+        return {H_TRACEPARENT: tp} if tp else None
+
+    async def _drive_held(self, msg: Msg, loop_id: str, handling: _Handling, lease: Lease) -> None:
+        if lease.taken_from:
+            log.info(
+                "loop %s taken over from a replica that is gone (%r)",
+                loop_id,
+                lease.taken_from,
+                extra={"loop_id": loop_id},
+            )
+        log.debug("loop %s: item %s: driving", loop_id, _Item(msg), extra={"loop_id": loop_id})
+        acked = at_rest = False
+        async with anyio.create_task_group() as tg:
+            lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
+            tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
+            try:
+                h = await self._driver.drive(loop_id, lease)
+                # Only the holder acks: after a lost lease the item may already be another replica's.
+                lease.check()
+                await msg.ack()
+                at_rest = next_action(h).action is Action.NONE
+                acked = True
+                log.debug(
+                    "loop %s: item %s acked; drive ended at seq %d (%s)",
+                    loop_id,
+                    _Item(msg),
+                    h.last_seq,
+                    "at rest" if at_rest else "work left",
+                    extra={"loop_id": loop_id},
+                )
+            except LeaseLost:
+                log.info("loop %s: stopped driving (lease no longer held)", loop_id, extra={"loop_id": loop_id})
+            tg.cancel_scope.cancel()
+        if acked:
+            # With the item acked, the last look is all that backs work that came in during the
+            # drive. It only reads and signals, so neither a lost lease (a JetStream outage can
+            # lapse it while the look's signal is still being retried) nor a stopping service may
+            # cut it short.
+            with anyio.CancelScope(shield=True):
+                # The signals noted so far were published before this look: it sees their work.
+                handling.finishing = True
+                noted = handling.noted
+                # A drive that ended at rest with no signal noted needs no look: a record its fold
+                # lacks can only come from a command (the loop API), whose signal is then still
+                # pending — it replaced our item if it came first, and acking our item leaves it —
+                # so it is delivered like any other.
+                if noted or not at_rest:
+                    await self._look_again(loop_id)
+                    await self._drop_signals(loop_id, noted)

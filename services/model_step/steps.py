@@ -73,6 +73,13 @@ def next_action(h: LoopHistory) -> Next:
     return Next(Action.NONE)
 
 
+def may_run_calls(h: LoopHistory) -> bool:
+    """Whether a drive of the loop may be running tool calls, or is about to: it has work to do. A
+    loop that rests, is closed or forming, or waits at a gate (a step is authorised whole before
+    any of its calls runs) runs none."""
+    return next_action(h).action is not Action.NONE
+
+
 def always_allowed(h: LoopHistory) -> frozenset[str]:
     """Tools an operator approved "always" for this loop."""
     return frozenset(

@@ -39,6 +39,7 @@ Cancelling the batch (an anyio cancel scope around :func:`run_batch`) cancels th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -76,7 +77,7 @@ log = logging.getLogger("loopwire.tools.executor")
 
 DEFAULT_MAX_PARALLEL = 8
 
-__all__ = ["Executor", "PlannedCall", "fit_results", "make_executor", "normalise", "run_batch"]
+__all__ = ["Executor", "PlannedCall", "caller_span", "fit_results", "make_executor", "normalise", "run_batch"]
 
 
 @dataclass
@@ -146,6 +147,13 @@ def _precheck(item: _Item, spec_of: SpecOf) -> None:
         return
     item.spec = spec
     item.write_key = _write_key(spec, use.input)
+
+
+def caller_span(tool: str, tool_use_id: str, execution_id: str) -> contextlib.AbstractContextManager[object]:
+    """The caller's span of a call, for a step that runs again and waits for the call's result
+    instead of sending it: the span the first sender opened (its id is derived), so a worker's span
+    of a call whose caller died still has its parent."""
+    return tool_tracing.call(tool, tool_tracing.CALLER, tool_use_id, execution_id)
 
 
 async def run_batch(

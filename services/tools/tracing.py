@@ -3,6 +3,9 @@
 The caller's span covers every attempt of one call; its context rides in the request's
 ``traceparent`` header, so the worker's span is its child in another process. An error result
 (``is_error``) or a failed call (timeout, canceled, crashed, ...) gives the span error status.
+The caller's span id is derived from the step's span and the execution id: a replica that
+continues a step whose caller died (and waits for a call still running, or sends it again) has
+the same span, so the worker's span of the first attempt keeps its parent.
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def _call(
         telemetry.LW_EXECUTION_ID: execution_id,
     }
     parent = telemetry.extract(headers) if headers is not None else None
-    kind = "server" if side == WORKER else "client"
+    kind, key = ("server", "") if side == WORKER else ("client", execution_id)
     metrics.gauge_add(metrics.TOOL_IN_FLIGHT, 1, tool, side)
     try:
-        with telemetry.span(f"execute_tool {tool}", kind=kind, attributes=attributes, parent=parent) as span:
+        with telemetry.span(f"execute_tool {tool}", kind=kind, attributes=attributes, parent=parent, key=key) as span:
             yield span
     finally:
         metrics.gauge_add(metrics.TOOL_IN_FLIGHT, -1, tool, side)

@@ -51,6 +51,7 @@ from typing import Final, TypeVar
 
 import anyio
 import msgspec
+import nats.errors
 from anyio.abc import TaskGroup, TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -78,6 +79,8 @@ T = TypeVar("T")
 IDEMPOTENCY_TTL_SECONDS: Final = 60.0
 IDEMPOTENCY_MAX_ENTRIES: Final = 1024
 START_RETRY_SECONDS: Final = 30.0
+# How often a drain waiting for calls in flight looks whether its connection was closed meanwhile.
+_CLOSED_CHECK_SECONDS: Final = 0.1
 _CANCELLED_EARLY_MAX: Final = 1024
 EARLY_CANCEL_SECONDS: Final = 1.0  # how long a cancel that arrived before its request is remembered
 _PROGRESS_BUFFER: Final = 16
@@ -214,12 +217,18 @@ class Worker:
                 # then stop advertising: a registry that lists the tool meanwhile gets "no responders".
                 self._kv = None  # set_tools after this point changes nothing
                 for sub in subs.values():
-                    await sub.drain()  # type: ignore[no-untyped-call]
+                    if self.nc.is_closed:  # its server is gone: nothing is delivered any more
+                        break
+                    try:
+                        await sub.drain()  # type: ignore[no-untyped-call]
+                    except nats.errors.Error as e:
+                        log.warning("worker %s: drain: %r", self.worker_id, e)
                 subs.clear()
                 await self._deregister(kv)
-                # Every in-flight call answers (each bounded by its deadline).
-                while self._calls:
-                    await asyncio.wait(set(self._calls))
+                # Every in-flight call answers (each bounded by its deadline). Once the connection is
+                # closed (its server is gone) no answer could leave: the calls left are cut below.
+                while self._calls and not self.nc.is_closed:
+                    await asyncio.wait(set(self._calls), timeout=_CLOSED_CHECK_SECONDS)
                 await self._settle_records()
                 outer.cancel_scope.cancel()
         finally:
@@ -342,7 +351,12 @@ class Worker:
         for t in self.tools:
             try:
                 await kv.delete(registration_key(t.name, self.worker_id))
-            except Exception:  # the TTL removes it anyway
+            except nats.errors.ConnectionClosedError:  # its server is gone: every delete fails so
+                log.warning("worker %s: not deregistered (connection closed); the TTL removes it", self.worker_id)
+                return
+            except nats.errors.Error as e:  # the TTL removes it anyway
+                log.warning("worker %s: could not deregister %s: %r", self.worker_id, t.name, e)
+            except Exception:
                 log.warning("worker %s: could not deregister %s", self.worker_id, t.name, exc_info=True)
 
     async def _refresh(self, kv: KeyValue, scope: anyio.CancelScope) -> None:
@@ -351,6 +365,8 @@ class Worker:
                 await anyio.sleep(REFRESH_SECONDS)
                 try:
                     await self._register(kv)
+                except nats.errors.Error as e:  # the broker is away: one line a refresh, no traceback
+                    log.warning("worker %s: registration refresh failed: %r", self.worker_id, e)
                 except Exception:
                     log.warning("worker %s: registration refresh failed", self.worker_id, exc_info=True)
 
@@ -651,7 +667,10 @@ class Worker:
     async def _settle_records(self) -> None:
         """Drain: every call has answered; wait until its records are acknowledged or written again."""
         # Polled: acks settle in the store's callback, and this runs once, at the end of a drain.
-        while self.results is not None and (self.results.unacked or self._rewrites):  # noqa: ASYNC110
+        # A closed connection acknowledges nothing more (the writes are logged as not recorded).
+        while self.results is not None and (self.results.unacked or self._rewrites):
+            if self.nc.is_closed:
+                return
             await anyio.sleep(0.02)
 
     def _fit(self, result: p.ResultBody) -> bytes:
@@ -737,6 +756,8 @@ class Worker:
     async def _send(self, reply: str, kind: str, body: bytes) -> None:
         try:
             await self.nc.publish(reply, body, headers={H_REPLY_KIND: kind, H_WORKER_ID: self.worker_id})
+        except nats.errors.ConnectionClosedError:  # stopped without its server; the caller learns by heartbeat loss
+            log.warning("worker %s: reply to %s not sent: connection closed", self.worker_id, reply)
         except Exception:  # the caller learns by heartbeat loss; never crash the worker
             log.warning("worker %s: reply to %s failed", self.worker_id, reply, exc_info=True)
 

@@ -4,8 +4,11 @@ request() answers, times out and reports no responders like Client.request."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import string
+from collections.abc import Awaitable, Callable
 
 import anyio
 import nats
@@ -14,9 +17,12 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.lifecycle import let_go_of_silent
 from shared.bus import connect
 from shared.connection import Connection, request, request_many, request_resending
+from shared.natsserver import NatsServer
 from shared.settings import Settings
+from tests import natsfixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -271,3 +277,60 @@ async def test_a_slow_reply_to_an_earlier_copy_is_the_answer_and_copies_stop_at_
     finally:
         await responder.close()
         await caller.close()
+
+
+async def test_a_stop_closes_a_connection_whose_server_is_silent_and_what_waited_on_it_ends(
+    nats_server: NatsServer,
+) -> None:
+    # nats-py leaves a flush or a request on a closed connection to its timeout; closed, they end at
+    # once, so a stop that closes a silent server's connection does not wait them out.
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    nc = await connect(settings, name="silent")
+    subject = f"{settings.prefix}.silent"
+    await nc.subscribe(subject)  # an interest that never answers
+    await nc.flush()
+    assert nats_server.proc is not None
+    os.kill(nats_server.proc.pid, signal.SIGSTOP)
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "flush": lambda: nc.flush(timeout=10),
+        "request": lambda: request(nc, subject, b"", timeout=10),
+        "request_many": lambda: request_many(nc, subject, b"", last=lambda _: False, idle=10),
+        "request_resending": lambda: request_resending(nc, subject, b"", timeout=10, resend=(5,), grace=1),
+    }
+    outcomes: dict[str, str] = {}
+
+    async def wait(name: str, call: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await call()
+        except nats.errors.ConnectionClosedError:
+            outcomes[name] = "closed"
+        except Exception as e:
+            outcomes[name] = repr(e)
+
+    try:
+        started = anyio.current_time()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as waiting:
+                for name, call in calls.items():
+                    waiting.start_soon(wait, name, call)
+                async with anyio.create_task_group() as stopping:
+                    stopping.start_soon(lambda: let_go_of_silent(within=0.5))
+                    while not nc.is_closed:
+                        await anyio.sleep(0.02)
+                    stopping.cancel_scope.cancel()
+        took = anyio.current_time() - started
+        assert outcomes == dict.fromkeys(calls, "closed")
+        assert took < 2, f"{took:.1f}s"
+    finally:
+        os.kill(nats_server.proc.pid, signal.SIGCONT)
+        await nc.close()
+
+
+async def test_a_stop_leaves_a_connection_whose_server_answers(settings: Settings) -> None:
+    nc = await connect(settings, name="answered")
+    try:
+        with anyio.move_on_after(1.5):
+            await let_go_of_silent(within=0.5)
+        assert nc.is_connected
+    finally:
+        await nc.close()

@@ -139,6 +139,7 @@ ROLES: dict[str, list[str]] = {
         "services.tools",
         "tests.system.ledger_tool:ledger",
         "tests.system.ledger_tool:ledger_idem",
+        "tests.system.ledger_tool:ledger_destructive",
     ],
 }
 DEFAULT_FLEET: dict[str, int] = {"committer": 2, "model-step": 2, "tools-calc": 2, "tools-sleep": 2}

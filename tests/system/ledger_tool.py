@@ -1,7 +1,8 @@
 """A tool that records every execution it starts, for checks made from outside the services.
 
-Served with ``python -m services.tools tests.system.ledger_tool:ledger tests.system.ledger_tool:ledger_idem``
-(the same tool unannotated and declared idempotent); each execution appends one
+Served with ``python -m services.tools tests.system.ledger_tool:ledger tests.system.ledger_tool:ledger_idem
+tests.system.ledger_tool:ledger_destructive`` (the same tool unannotated, declared idempotent and
+declared destructive); each execution appends one
 JSON line (execution id, loop, step, wall-clock start) to the file named by ``LW_LEDGER`` before it
 does anything else, then takes a moment (a window for faults to land mid-call).
 """
@@ -53,3 +54,8 @@ async def ledger(args: Entry, ctx: ToolContext) -> str:
 @tool(name="ledger_idem", description="records that it ran (declared idempotent)", idempotent=True)
 async def ledger_idem(args: Entry, ctx: ToolContext) -> str:
     return await _run("ledger_idem", args, ctx)
+
+
+@tool(name="ledger_destructive", description="records that it ran (declared destructive)", destructive=True)
+async def ledger_destructive(args: Entry, ctx: ToolContext) -> str:
+    return await _run("ledger_destructive", args, ctx)

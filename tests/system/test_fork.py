@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -431,33 +431,74 @@ async def test_fork_at_a_point_with_an_open_gate(env: tuple[NATS, Settings, Loop
     assert sh.open_gates[0].gate.id == source_gate and sh.turns == 1  # the source still waits
 
 
-@pytest.mark.parametrize("answer", ["deny", "approve"])
-async def test_a_fork_never_runs_again_unasked_a_call_its_source_is_running(
-    answer: str, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
-) -> None:
-    nc, settings, api, ledger = env
-    slow = [
-        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": "ledger"},
-        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "x", "hold": 3.0})},
+def held_call(tool: str, hold: float) -> list[dict[str, Any]]:
+    return [
+        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": tool},
+        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "x", "hold": hold})},
         {"kind": "finish", "finish_reason": "tool_use"},
     ]
-    model = write_model(tmp_path, {"responses": [slow, "done"], "repeat_last": True}, "m.json")
+
+
+def results_of(h: LoopHistory) -> list[str]:
+    return [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)]
+
+
+@pytest.mark.parametrize("answer", ["deny", "approve"])
+async def test_a_fork_never_runs_again_unasked_a_call_its_source_is_running(
+    answer: Literal["deny", "approve"], env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    """A destructive call runs at most once across a loop and its fork, unless an operator approves."""
+    nc, settings, api, ledger = env
+    tool = "ledger_destructive"
+    model = write_model(tmp_path, {"responses": [held_call(tool, 5.0), "done"], "repeat_last": True}, "m.json")
     source = (await api.start(model=model)).loop_id
     await api.input(source, "go")
-    with anyio.fail_after(30):  # the source's call has started on its worker and holds for 3 s
-        while ledger_runs(ledger, "ledger") < 1:
+    with anyio.fail_after(30):  # the source's call has started on its worker and holds for 5 s
+        while ledger_runs(ledger, tool) < 1:
             await anyio.sleep(0.05)
+    await anyio.sleep(1)
     fork = (await api.fork(source)).loop_id  # from the input: the source's step is not committed yet
     # The fork meets the same call while the source runs it: it waits for the source's result,
-    # then asks (ledger is unannotated: it may not run twice), never runs it on its own.
+    # then asks (a destructive tool may not run twice), never runs it on its own.
     h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=60)
     gate = h.open_gates[0].gate
-    assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+    assert gate.reason == "fork_rerun" and gate.tool_name == tool
     src = await wait_history(nc, settings, source, finished, timeout=60)
-    assert [text_of(m) for m in src.messages if isinstance(m, ToolResultMessage)] == ["recorded x"]
-    assert ledger_runs(ledger, "ledger") == 1
+    assert results_of(src) == ["recorded x"]
+    assert ledger_runs(ledger, tool) == 1
     await api.answer(fork, gate.id, answer)
     h = await wait_history(nc, settings, fork, finished, timeout=60)
-    assert ledger_runs(ledger, "ledger") == (2 if answer == "approve" else 1)
-    assert [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)] == ["recorded x"]
+    assert ledger_runs(ledger, tool) == (2 if answer == "approve" else 1)
+    assert results_of(h) == ["recorded x"]
+    check_history_invariants(await history(nc, settings, fork))
+
+
+@pytest.mark.parametrize(("reexecution", "runs"), [("reuse", 1), ("ask", 2)])
+async def test_approving_a_gate_a_fork_copied_open_after_its_source_ran_the_call(
+    reexecution: Reexecution, runs: int, env: tuple[NATS, Settings, LoopClient, Path], tmp_path: Path
+) -> None:
+    """Approved in the fork, the call is still one the source ran after the point: the fork's
+    re-execution rule decides — reuse takes the source's result; ask asks again before a second run."""
+    nc, settings, api, ledger = env
+    tool = "ledger_destructive"
+    model = write_model(tmp_path, {"responses": [held_call(tool, 0.01), "done"], "repeat_last": True}, "m.json")
+    source = (await api.start(model=model, policy={tool: "ask"})).loop_id
+    await api.input(source, "one")
+    h = await wait_history(nc, settings, source, lambda h: bool(h.open_gates), timeout=60)
+    at = (await api.input(source, "two")).seq  # a point where the gate is open
+    await api.answer(source, h.open_gates[0].gate.id, "approve")
+    await wait_history(nc, settings, source, lambda h: finished(h) and h.turns >= 1, timeout=60)
+    assert ledger_runs(ledger, tool) == 1
+    fork = (await api.fork(source, at=at, reexecution={tool: reexecution})).loop_id
+    fh = await wait_history(nc, settings, fork, lambda h: not h.forming and bool(h.open_gates), timeout=30)
+    await api.answer(fork, fh.open_gates[0].gate.id, "approve")
+    if reexecution == "ask":
+        fh = await wait_history(
+            nc, settings, fork, lambda h: any(g.gate.reason == "fork_rerun" for g in h.open_gates), timeout=60
+        )
+        assert ledger_runs(ledger, tool) == 1
+        await api.answer(fork, fh.open_gates[0].gate.id, "approve")
+    fh = await wait_history(nc, settings, fork, finished, timeout=60)
+    assert ledger_runs(ledger, tool) == runs
+    assert results_of(fh)[0] == "recorded x"
     check_history_invariants(await history(nc, settings, fork))

@@ -3,8 +3,9 @@
 After a demo loop, a loop whose tool returns an error result and a gated loop, every turn is one
 trace (its id is the one recorded in the turn's TurnStarted), with the GenAI/messaging span names,
 parent/child links across at least three processes, token counts equal to the committed usage and
-error status on the error result's spans. A model-step SIGKILLed mid-turn leaves a trace that the
-replica resuming the turn continues.
+error status on the error result's spans. A model-step SIGKILLed mid-turn (in a model stream, in a
+tool call) leaves a trace that the replica resuming the turn continues: one tree, every exported
+span's parent exported too.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def by_id(spans: list[Span]) -> dict[str, Span]:
     return {s["span_id"]: s for s in spans}
 
 
+def check_one_tree(spans: list[Span]) -> None:
+    """Every span's parent was exported, but the root's: a viewer shows one connected tree."""
+    ids = by_id(spans)
+    orphans = [(s["name"], s["service"]) for s in spans if s["parent_span_id"] and s["parent_span_id"] not in ids]
+    assert orphans == []
+    assert len([s for s in spans if not s["parent_span_id"]]) == 1
+
+
 def check_cross_process_links(spans: list[Span]) -> None:
     ids = by_id(spans)
     workers = [s for s in spans if s["name"].startswith("execute_tool") and s["kind"] == "server"]
@@ -148,9 +157,13 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         trace_id, turn_span = trace_of(ts.traceparent)
         spans = await spans_when(out, trace_id, lambda ss: len([s for s in ss if s["name"].startswith("append ")]) >= 3)
         assert {"invoke_agent", "execute_tool calculator", "execute_tool clock"} <= names(spans)
-        agent = by_id(spans)[turn_span]
-        assert agent["name"] == "invoke_agent" and agent["attributes"]["gen_ai.conversation.id"] == demo
+        # The turn records the context its drive began in: the input command's span.
+        assert by_id(spans)[turn_span]["name"] == f"input {settings.prefix}.api"
+        (agent,) = [s for s in spans if s["name"] == "invoke_agent"]
+        assert agent["parent_span_id"] == turn_span and agent["attributes"]["gen_ai.conversation.id"] == demo
+        assert agent["attributes"]["loopwire.turn_id"] == ts.turn_id
         check_cross_process_links(spans)
+        check_one_tree(spans)
         chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
         steps = [e for _, e in await history(nc, settings, demo) if isinstance(e, ev.StepDone)]
         usages = [m.usage for st in steps for m in st.messages if isinstance(m, AIMessage)]
@@ -200,10 +213,11 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         assert "gate.opened" in events and "gate.resolved" in events
         resumed = agents[-1]
         assert resumed["parent_span_id"] == gate_turn_span
-        assert {"trace_id": gate_trace, "span_id": gate_turn_span} in resumed["links"]
+        assert {"trace_id": gate_trace, "span_id": agents[0]["span_id"]} in resumed["links"]
         # The first drive's span ended when it parked at the gate, before the operator answered.
         assert agents[0]["end"] <= resumed["start"]
         check_cross_process_links(gate_spans)
+        check_one_tree(gate_spans)
 
         # LW_LOG_FORMAT=json: every service writes one JSON object per line.
         lines = [ln for f in sys_.log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
@@ -257,4 +271,75 @@ async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues
             assert any(x["name"] == "execute_tool calculator" for x in resumed)
             (ts,) = await turn_started(nc, settings, loop_id)
             assert trace_of(ts.traceparent)[0] == trace_id
+            check_one_tree(spans)
         await anyio.lowlevel.checkpoint()
+
+
+async def test_a_model_step_killed_in_a_tool_call_leaves_one_tree_and_its_replacement_logs_the_turn(
+    settings: Settings, nc: NATS, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    slow = [
+        {"kind": "tool_use", "index": 0, "id": "c_{k}", "name": "ledger"},
+        {"kind": "tool_use", "index": 0, "text": json.dumps({"note": "x", "hold": 5.0})},
+        {"kind": "finish", "finish_reason": "tool_use"},
+    ]
+    script = write_script(tmp_path, {"responses": [slow, "done"], "repeat_last": True}, "s.json")
+    env = {**tracing_env(""), "LW_LEDGER": str(ledger), "LW_LOG_FORMAT": "json", "LW_LOG_LEVEL": "DEBUG"}
+    # The dead replica's lease outlives its replacement's start-up however slow: it is taken over.
+    env["LW_LEASE_TTL_SECONDS"] = "10"
+    with otlp_receiver(tmp_path) as (endpoint, out):
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        with system(settings, env=env, tools=("tests.system.ledger_tool:ledger",)) as s:
+            lc = LoopClient(nc, settings.names)
+            loop_id = str(uuid.uuid4())
+            await lc.start(loop_id, model=script)
+            await lc.input(loop_id, "go")
+            with anyio.fail_after(30):  # the call has started on its worker and holds for 5 s
+                while not ledger.read_text().strip():
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1)
+            (victim,) = s.sup.by_name("model-step")
+            victim.kill()
+            replacement = s.model_step()
+            with anyio.fail_after(30):  # the replacement drives the loop: it waits for the call's result
+                while "driving" not in await anyio.Path(replacement.log_path).read_text():
+                    await anyio.sleep(0.05)
+            await lc.input(loop_id, "and then")  # its work signal comes during that drive
+            await wait_history(nc, settings, loop_id, lambda h: h.idle and not h.pending_inputs, timeout=60)
+            ts, *_ = await turn_started(nc, settings, loop_id)
+            trace_id, _ = trace_of(ts.traceparent)
+            await spans_when(
+                out,
+                trace_id,
+                lambda ss: (
+                    any(x["name"] == "invoke_agent" for x in ss)
+                    and any(x["name"] == "execute_tool ledger" and x["kind"] == "server" for x in ss)
+                ),
+            )
+            await anyio.sleep(0.5)  # the turn's last spans
+            spans = [x for x in read_spans(out) if x["trace_id"] == trace_id]
+            check_one_tree(spans)
+            # The replacement continued the dead replica's drive span: its children are from both.
+            agent = next(x for x in spans if x["name"] == "invoke_agent")
+            assert agent["attributes"]["loopwire.turn_id"] == ts.turn_id
+            model_steps = {x["instance"] for x in spans if x["service"] == "loopwire-model-step"}
+            assert len(model_steps) == 2
+            assert {x["instance"] for x in spans if x["parent_span_id"] == agent["span_id"]} == model_steps
+            # The worker's span is under the caller's span, which the replacement continued too.
+            worker = next(x for x in spans if x["name"] == "execute_tool ledger" and x["kind"] == "server")
+            caller = by_id(spans)[worker["parent_span_id"]]
+            assert (caller["kind"], caller["instance"]) == ("client", agent["instance"])
+            assert len(ledger.read_text().splitlines()) == 1  # run once: the replacement waited for its result
+            # Every model-step line about the loop carries its id and its turn's trace.
+            about = [
+                doc
+                for log_file in s.log_dir.glob("model-step-*.log")
+                for doc in map(json.loads, log_file.read_text().splitlines())
+                if loop_id in doc["message"]
+            ]
+            assert any("taken over" in d["message"] for d in about)
+            assert any("noted" in d["message"] for d in about)
+            for d in about:
+                assert (d.get("loop_id"), d.get("trace_id")) == (loop_id, trace_id), d

@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.model_step import forkcalls
+from services.model_step.policy import fork_way
+from services.model_step.steps import may_run_calls
 from shared import events as ev
 from shared.content import AIMessage, TextBlock, ToolResultMessage, ToolUseBlock, UserMessage, text_of
 from shared.forking import (
@@ -21,6 +22,7 @@ from shared.forking import (
 )
 from shared.history import fold
 from shared.validate import validate_event
+from shared.wiretypes import Reexecution
 
 LOOP = "0f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c11"
 NEW = "5e7a9c1e-3a5c-4e7a-9c1e-3a5c7e9a1c3e"
@@ -43,21 +45,25 @@ def tool_step(k: int, note: str) -> ev.StepDone:
     )
 
 
-def history() -> list[tuple[int, ev.Event]]:
-    cmd = ev.new_id()
-    events: list[ev.Event] = [
+def opening(command_id: str) -> list[ev.Event]:
+    """A loop's start, its first input (sent by ``command_id``) and the turn it starts."""
+    return [
         ev.make(ev.LoopStarted, loop_id=LOOP, model="demo", cause=ev.Cause(command_id=ev.new_id())),
-        ev.make(ev.InputSubmitted, loop_id=LOOP, message=user("one"), cause=ev.Cause(command_id=cmd)),
+        ev.make(ev.InputSubmitted, loop_id=LOOP, message=user("one"), cause=ev.Cause(command_id=command_id)),
         ev.make(
             ev.TurnStarted,
             loop_id=LOOP,
             turn_id=TURN,
             turn_index=1,
             message=user("one"),
-            cause=ev.Cause(command_id=cmd),
+            cause=ev.Cause(command_id=command_id),
         ),
-        tool_step(0, "a"),
-        tool_step(1, "b"),
+    ]
+
+
+def final_answer() -> list[ev.Event]:
+    """The turn's third step answers, and the turn ends."""
+    return [
         ev.make(
             ev.StepDone,
             loop_id=LOOP,
@@ -66,6 +72,15 @@ def history() -> list[tuple[int, ev.Event]]:
             messages=[AIMessage(blocks=[TextBlock(text="done")])],
         ),
         ev.make(ev.TurnDone, loop_id=LOOP, turn_id=TURN, turn_index=1),
+    ]
+
+
+def history() -> list[tuple[int, ev.Event]]:
+    events: list[ev.Event] = [
+        *opening(ev.new_id()),
+        tool_step(0, "a"),
+        tool_step(1, "b"),
+        *final_answer(),
         ev.make(ev.LoopIdle, loop_id=LOOP),
     ]
     return [(10 + 3 * i, e) for i, e in enumerate(events)]  # sequences are global: gaps between a loop's records
@@ -131,24 +146,83 @@ def test_source_results_match_calls_by_value_and_branches_compare_without_ids() 
     assert common_prefix(mine, [(s, e) for s, e in h if s <= 28]) == 7
 
 
+def gated_source() -> list[ev.Event]:
+    """A source whose first step waits at a gate while a second input comes, then goes on."""
+    gate, one, two = ev.new_id(), ev.new_id(), ev.new_id()
+    step = ev.step_id_for(TURN, 1)
+    return [
+        *opening(one),
+        tool_step(0, "a"),
+        ev.make(
+            ev.GateOpened,
+            loop_id=LOOP,
+            turn_id=TURN,
+            step_id=step,
+            gate=ev.Gate(id=gate, kind="permission", tool_use_id="t1", tool_name="ledger"),
+        ),
+        ev.make(ev.InputSubmitted, loop_id=LOOP, message=user("two"), cause=ev.Cause(command_id=two)),
+        ev.make(ev.GateResolved, loop_id=LOOP, turn_id=TURN, step_id=step, gate_id=gate, action="approve"),
+        tool_step(1, "b"),
+        *final_answer(),
+        ev.make(ev.LoopClosed, loop_id=LOOP),
+    ]
+
+
 @pytest.mark.parametrize(
-    ("last", "running"),
+    ("records", "running"),
     [
-        (None, False),
-        (ev.LoopStarted(), False),
-        (ev.InputSubmitted(), True),  # its turn is being driven
-        (ev.TurnStarted(), True),
-        (ev.StepDone(), True),  # the next step may be running its calls
-        (ev.GateResolved(), True),  # the step resumes with the answer
-        (ev.PermissionRequested(), False),  # a step is authorised whole before any call runs
-        (ev.UserInputRequested(), False),
-        (ev.TurnDone(), False),
-        (ev.TurnFailed(), False),
-        (ev.TurnInterrupted(), False),
-        (ev.LoopIdle(), False),
-        (ev.LoopClosed(), False),
+        (1, False),  # started, no input
+        (2, True),  # an input: a turn starts
+        (3, True),
+        (4, True),  # the next step may be running its calls
+        (5, False),  # waits at a gate: a step is authorised whole before any of its calls runs
+        (6, False),  # still waits there, with an input queued
+        (7, True),  # answered: the step runs its calls
+        (8, True),
+        (9, True),  # answered: the turn ends
+        (10, True),  # ended, the queued input starts the next turn
+        (11, False),  # closed
     ],
-    ids=lambda v: type(v).__name__ if not isinstance(v, bool) else str(v),
+    ids=lambda v: str(v),
 )
-def test_a_source_may_be_running_calls_unless_it_rests_or_waits_at_a_gate(last: ev.Event | None, running: bool) -> None:
-    assert forkcalls.may_be_running(last) is running
+def test_a_source_may_be_running_calls_while_it_has_work_to_do(records: int, running: bool) -> None:
+    events = gated_source()[:records]
+    assert may_run_calls(fold([(10 + i, e) for i, e in enumerate(events)])) is running
+
+
+@pytest.mark.parametrize(
+    ("rule", "source_result", "source_busy", "rerun_safe", "waited", "way"),
+    [
+        # The source committed a result of an equal call: the fork's rule decides.
+        ("reuse", True, False, False, False, "reuse"),
+        ("rerun", True, True, False, False, "rerun"),
+        ("ask", True, True, True, True, "ask"),
+        # No result, and the source rests: the source never made the call after the point.
+        ("ask", False, False, False, False, ""),
+        # No result, the source may be running it: as an unknown outcome — harmless tools run,
+        ("rerun", False, True, True, False, ""),
+        ("reuse", False, True, True, False, ""),
+        # any other waits for the source, then asks (whatever the rule: there is nothing to reuse).
+        ("ask", False, True, False, False, "wait"),
+        ("reuse", False, True, False, False, "wait"),
+        ("reuse", False, True, False, True, "ask_running"),
+        ("rerun", False, True, False, True, "ask_running"),
+    ],
+    ids=[
+        "committed-reuse",
+        "committed-rerun",
+        "committed-ask",
+        "source-rests-without-it",
+        "busy-read-only",
+        "busy-idempotent",
+        "busy-destructive",
+        "busy-destructive-reuse",
+        "still-busy-after-waiting",
+        "still-busy-rerun-rule",
+    ],
+)
+def test_what_a_fork_does_with_a_call_its_source_made_or_may_be_making(
+    rule: Reexecution, source_result: bool, source_busy: bool, rerun_safe: bool, waited: bool, way: str
+) -> None:
+    got = fork_way(rule, source_result=source_result, source_busy=source_busy, rerun_safe=rerun_safe, waited=waited)
+    assert got == way
