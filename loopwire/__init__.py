@@ -19,6 +19,7 @@ from services.model_step.models import (
     resolve_model,
 )
 from services.tools import Tool, ToolContext, ToolOutput, run_worker, tool
+from services.tools.agent import agent_tool, child_loop_id
 from services.tools.sdk import CallFailed
 from shared.bus import (
     IncompatibleConfigError,
@@ -69,6 +70,8 @@ from shared.errors import (
 )
 from shared.events import (
     AnyEvent,
+    Budget,
+    BudgetChanged,
     Cause,
     Chunk,
     Decision,
@@ -83,6 +86,7 @@ from shared.events import (
     LoopForked,
     LoopIdle,
     LoopStarted,
+    ParentRef,
     PermissionDecided,
     PermissionRequest,
     PermissionRequested,
@@ -120,6 +124,8 @@ __all__ = [
     "AnyEvent",
     "ApiResult",
     "Block",
+    "Budget",
+    "BudgetChanged",
     "CallFailed",
     "Cause",
     "Chunk",
@@ -163,6 +169,7 @@ __all__ = [
     "NatsServerError",
     "NotFoundError",
     "OpenTurn",
+    "ParentRef",
     "PayloadTooLargeError",
     "PermissionDecided",
     "PermissionRequest",
@@ -208,7 +215,9 @@ __all__ = [
     "UsageOverflowError",
     "UserInputRequested",
     "UserMessage",
+    "agent_tool",
     "ai_text",
+    "child_loop_id",
     "connect",
     "decode_event",
     "decode_live_frame",

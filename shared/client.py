@@ -24,10 +24,11 @@ from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
 from shared.connection import request_resending
 from shared.content import UserMessage
 from shared.errors import ErrorKind
-from shared.events import Event, Limits, RetryPolicy
+from shared.events import Budget, Event, Limits, ParentRef, RetryPolicy
 from shared.protocol import (
     AnswerRequest,
     ApiReply,
+    BudgetRequest,
     CloseRequest,
     CommitReply,
     CommitRequest,
@@ -212,8 +213,13 @@ class LoopClient:
         command_id: str | None = None,
         on_unknown: OnUnknown | None = None,
         retries: dict[str, RetryPolicy] | None = None,
+        parent: ParentRef | None = None,
+        budget: Budget | None = None,
     ) -> ApiResult:
-        """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL."""
+        """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL.
+
+        ``parent``: the loop is a sub-agent's child, run for that call of the parent loop.
+        ``budget``: its tokens, cost, steps per turn and seconds per turn (docs/budgets.md)."""
         loop_id = loop_id or _new_id()
         cid = command_id or _new_id()
         req = StartRequest(
@@ -226,8 +232,15 @@ class LoopClient:
             limits=limits,
             on_unknown=on_unknown,
             retries=retries,
+            parent=parent,
+            budget=budget,
         )
         return await self._call(loop_id, "start", req, cid)
+
+    async def budget(self, loop_id: str, budget: Budget, *, command_id: str | None = None) -> ApiResult:
+        """Replace the loop's budget (committed as BudgetChanged; checked before its next model step)."""
+        cid = command_id or _new_id()
+        return await self._call(loop_id, "budget", BudgetRequest(command_id=cid, budget=budget), cid)
 
     async def input(
         self,

@@ -33,6 +33,7 @@ from shared.wiretypes import (
     LimitValue,
     NonBlank,
     NonEmpty,
+    OnBudget,
     OnUnknown,
     PolicyKey,
     PreviewText,
@@ -58,6 +59,9 @@ from shared.wiretypes import (
 )
 from shared.wiretypes import (
     GATE_REASONS as GATE_REASONS,
+)
+from shared.wiretypes import (
+    ON_BUDGET_OUTCOMES as ON_BUDGET_OUTCOMES,
 )
 from shared.wiretypes import (
     ON_UNKNOWN_OUTCOMES as ON_UNKNOWN_OUTCOMES,
@@ -166,6 +170,34 @@ class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_
     max_tokens: Count = 0  # 0 = provider default
 
 
+class Budget(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """A loop's budget, checked before each model step (docs/budgets.md). Every limit 0 = unlimited.
+
+    ``max_total_tokens`` counts the loop's input (cache reads and writes included) and output tokens
+    over all turns; ``max_cost_usd`` its cost from the price table at each step's commit;
+    ``max_steps_per_turn`` the model steps of one turn; ``max_turn_seconds`` the wall time since the
+    turn's TurnStarted. ``on_budget``: a spent budget fails the turn ("fail") or opens a budget gate ("ask").
+    """
+
+    max_total_tokens: Count = 0
+    max_cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
+    max_steps_per_turn: Count = 0
+    max_turn_seconds: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
+    on_budget: OnBudget = "fail"
+
+
+class ParentRef(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """The call a child loop runs for: an agent tool's call in the parent loop (docs/protocol.md, "Sub-agents").
+
+    The child's id is derived from ``tool_execution_id``, so a re-sent call finds the same child."""
+
+    loop_id: Uuid
+    turn_id: Uuid
+    step_id: Uuid
+    tool_execution_id: Uuid
+    tool_name: ToolName
+
+
 class RetryPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
     """How a call that ended without a tool answer (worker crashed, no live workers, deadline) is sent
     again. Applies only to read-only or idempotent tools; a tool's own error result is never retried."""
@@ -255,6 +287,9 @@ class LoopStarted(Event):
     on_unknown: OnUnknown = "error"
     # Per tool name: overrides the retry policy the tool declares.
     retries: dict[ToolName, RetryPolicy] = msgspec.field(default_factory=dict)
+    budget: Budget = msgspec.field(default_factory=Budget)
+    # Set for a sub-agent's child loop: the parent loop's call it runs for.
+    parent: ParentRef | None = None
 
 
 class ForkChanges(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -293,6 +328,12 @@ class LoopClosed(Event):
     pass
 
 
+class BudgetChanged(Event):
+    """The loop's budget from now on (the ``budget`` command), replacing LoopStarted's and any before."""
+
+    budget: Budget = msgspec.field(default_factory=Budget)
+
+
 # --- turns (enduring; the three terminals end a turn) -------------------------------------------
 
 
@@ -311,6 +352,9 @@ class TurnFoldedInto(Event):
 
 class StepDone(Event):
     messages: list[Message] = msgspec.field(default_factory=list)
+    # The step's cost in micro-USD from the price table when it was committed (0: unpriced or no
+    # usage): the history keeps what a step cost even after the table changes.
+    cost_micro_usd: Count = 0
 
 
 class TurnDone(Event):
@@ -393,6 +437,7 @@ AnyEvent = (
     | InputSubmitted
     | LoopIdle
     | LoopClosed
+    | BudgetChanged
     | TurnStarted
     | TurnFoldedInto
     | StepDone
@@ -419,6 +464,7 @@ CLASSIFICATION: Final[dict[type[Event], tuple[Class, Scope, Profile, bool]]] = {
     InputSubmitted: (_E, Scope.LOOP, Profile.LOOP, False),
     LoopIdle: (_E, Scope.LOOP, Profile.LOOP, False),
     LoopClosed: (_E, Scope.LOOP, Profile.LOOP, False),
+    BudgetChanged: (_E, Scope.LOOP, Profile.LOOP, False),
     TurnStarted: (_E, Scope.LOOP, Profile.TURN, False),
     TurnFoldedInto: (_E, Scope.LOOP, Profile.TURN, False),
     StepDone: (_E, Scope.LOOP, Profile.STEP, False),

@@ -36,6 +36,7 @@ from shared.events import (
     LoopForked,
     LoopIdle,
     LoopStarted,
+    ParentRef,
     PermissionRequested,
     StepDone,
     TurnDone,
@@ -211,6 +212,8 @@ def build_fork(spec: ForkSpec, records: Sequence[tuple[int, Event]], first_event
     started.event_id = _fid(spec.new_loop, "started/", spec.command_id)
     started.created_at = spec.created_at
     started.cause = cause
+    # A fork of a sub-agent's child is a loop of its own: no parent's call waits for its answer.
+    started.parent = None
     ch = spec.changes
     if ch.model is not None:
         started.model = ch.model
@@ -338,6 +341,38 @@ async def parents(nc: NATS, names: Names, loop_ids: Iterable[str]) -> dict[str, 
     return out
 
 
+async def origins(nc: NATS, names: Names, loop_ids: Iterable[str]) -> dict[str, LoopForked | ParentRef | None]:
+    """Per loop: where it comes from: its LoopForked (a fork), the parent's call it runs for (a
+    sub-agent's child, from its LoopStarted), or None (a loop started on its own)."""
+    out: dict[str, LoopForked | ParentRef | None] = {}
+    for loop_id in loop_ids:
+        first = await first_record(nc, names, loop_id)
+        if isinstance(first, LoopForked):
+            out[loop_id] = first
+        elif isinstance(first, LoopStarted) and first.parent is not None:
+            out[loop_id] = first.parent
+        else:
+            out[loop_id] = None
+    return out
+
+
+def descendants(origins_: dict[str, LoopForked | ParentRef | None], loop_id: str) -> list[str]:
+    """The sub-agent child loops of ``loop_id``, theirs, and so on (depth first); forks are not children."""
+    kids: dict[str, list[str]] = {}
+    for child, o in origins_.items():
+        if isinstance(o, ParentRef):
+            kids.setdefault(o.loop_id, []).append(child)
+    found: list[str] = []
+    todo = list(reversed(kids.get(loop_id, [])))
+    while todo:
+        child = todo.pop()
+        if child in found or child == loop_id:
+            continue  # a cycle can only be forged, never made by agents; do not loop on it
+        found.append(child)
+        todo.extend(reversed(kids.get(child, [])))
+    return found
+
+
 __all__ = [
     "FORK_NS",
     "ForkPointError",
@@ -349,7 +384,9 @@ __all__ = [
     "common_prefix",
     "content_of",
     "conversation",
+    "descendants",
     "fork_event_id",
+    "origins",
     "parents",
     "source_results",
     "valid_points",

@@ -4,7 +4,9 @@ Fold rules: ``TurnStarted`` appends its message, counts a turn and opens
 it; ``StepDone`` appends its messages in order; ``TurnFoldedInto`` appends its message; the three
 terminals close the turn and add nothing (TurnDone's message is already in the last StepDone);
 everything else leaves ``messages`` alone. Usage is summed from StepDone AIMessage usage only,
-never from TurnDone, so nothing is counted twice.
+never from TurnDone, so nothing is counted twice. Cost is summed from ``StepDone.cost_micro_usd``
+(per loop and per turn); the budget is LoopStarted's, replaced by each BudgetChanged and extended by
+each approved budget gate (``shared.budget.extended``, docs/budgets.md).
 
 ``replay`` reads the first 1,000 records with one Direct Get batch (no consumer: cheapest for a
 short history or a tail) and anything beyond (a long history, or live records with ``follow=True``)
@@ -28,11 +30,14 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from shared.budget import Figures, extended, seconds_between, total_tokens
 from shared.bus import JetStreamUnavailableError, direct_get_batch, get_msg, subjects
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
 from shared.content import UINT64_MAX, AIMessage, Message, Usage, clone, clone_messages, tool_uses
 from shared.errors import InvalidEventError, Rule, UsageOverflowError
 from shared.events import (
+    Budget,
+    BudgetChanged,
     Event,
     Gate,
     GateOpened,
@@ -57,7 +62,7 @@ __all__ = ["GateState", "LoopHistory", "OpenTurn", "fold", "load", "loops", "rep
 
 # Events whose cause.command_id records a loop-API command (TurnStarted / TurnFoldedInto carry the
 # command_id of the input they consume instead, which is not a new command).
-COMMAND_EVENTS: Final = (LoopStarted, InputSubmitted, GateResolved, TurnInterrupted, LoopClosed)
+COMMAND_EVENTS: Final = (LoopStarted, InputSubmitted, GateResolved, TurnInterrupted, LoopClosed, BudgetChanged)
 DIRECT_BATCH: Final = 1000  # records read with one Direct Get before switching to a consumer
 IDLE_TIMEOUT: Final = 10.0
 _T = TypeVar("_T", bound=msgspec.Struct)
@@ -76,6 +81,7 @@ class OpenTurn(msgspec.Struct, kw_only=True):
     started_at: str = ""  # the TurnStarted's created_at
     # A final answer (a one-message StepDone) is stored: the turn's only next record is its end.
     answered: bool = False
+    cost_micro_usd: int = 0  # the turn's StepDone costs
 
 
 class GateState(msgspec.Struct, kw_only=True):
@@ -120,6 +126,12 @@ class LoopHistory(msgspec.Struct, kw_only=True):
     forked: LoopForked | None = None
     forming_left: int = 0
     formed_seq: int = 0  # the sequence of a fork's last copied record
+    # Budget (docs/budgets.md): the loop's cost so far, per turn index, and its budget now (``budget``:
+    # as set by LoopStarted or the latest BudgetChanged, then extended by approved budget gates).
+    cost_micro_usd: int = 0
+    turn_costs: dict[int, int] = msgspec.field(default_factory=dict)
+    budget: Budget = msgspec.field(default_factory=Budget)
+    budget_base: Budget = msgspec.field(default_factory=Budget)
 
     # --- views
 
@@ -154,6 +166,16 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             and g.turn_id == t.turn_id
             and g.step_id not in self.step_ids
         ]
+
+    def figures(self, now: str = "") -> Figures:
+        """What the loop has spent, as its budget counts it; the turn's wall time up to ``now`` (RFC 3339)."""
+        t = self.open_turn
+        return Figures(
+            tokens=total_tokens(self.usage),
+            cost_micro_usd=self.cost_micro_usd,
+            steps=t.steps if t is not None else 0,
+            turn_seconds=seconds_between(t.started_at, now) if t is not None else 0.0,
+        )
 
     def gate_is_open(self, gate_id: str) -> bool:
         g = self.gates.get(gate_id)
@@ -194,9 +216,14 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             usage = head.usage if isinstance(head, AIMessage) else None
             if usage is not None:
                 self.usage = add_usage(self.usage, usage)
+            if event.cost_micro_usd:
+                self.cost_micro_usd += event.cost_micro_usd
             t = self.open_turn
             if t is not None and t.turn_id == event.turn_id:
                 t.steps += 1
+                if event.cost_micro_usd:
+                    t.cost_micro_usd += event.cost_micro_usd
+                    self.turn_costs[t.turn_index] = t.cost_micro_usd
                 if usage is not None:
                     t.usage = add_usage(t.usage, usage)
                 if len(msgs) > 1 and isinstance(head, AIMessage):
@@ -240,6 +267,11 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             if g is not None and g.resolved is None:
                 g.resolved = cp(event)
                 g.resolved_seq = seq
+                if g.gate.kind == "budget" and event.action == "approve":
+                    self.budget = extended(self.budget, self.budget_base, self.figures(event.created_at))
+        elif isinstance(event, BudgetChanged):
+            self.budget = cp(event.budget)
+            self.budget_base = cp(event.budget)
         elif isinstance(event, LoopIdle):
             self.idle = True
         elif isinstance(event, LoopClosed):
@@ -248,6 +280,8 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 self.closed_seq = seq
         elif isinstance(event, LoopStarted) and self.config is None:
             self.config = cp(event)
+            self.budget = cp(event.budget)
+            self.budget_base = cp(event.budget)
         elif isinstance(event, LoopForked) and self.forked is None and self.events == 1:
             self.forked = cp(event)
             self.forming_left = event.records

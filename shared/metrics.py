@@ -60,6 +60,18 @@ MODEL_TOKENS: Final = Counter(
     ["model", "direction"],
     registry=REGISTRY,
 )
+MODEL_COST: Final = Counter(
+    "loopwire_model_cost_usd",
+    "Cost of model responses in USD, from the price table (docs/budgets.md); unpriced models count 0",
+    ["model"],
+    registry=REGISTRY,
+)
+BUDGET_STOPS: Final = Counter(
+    "loopwire_budget_stops",
+    "Model steps a loop's budget stopped, by exhausted limit and outcome (fail, ask)",
+    ["limit", "outcome"],
+    registry=REGISTRY,
+)
 TOOL_SECONDS: Final = Histogram(
     "loopwire_tool_call_duration_seconds",
     "One tool call, on the caller (model-step) and on the worker",

@@ -24,7 +24,7 @@ import msgspec
 from shared import strictjson
 from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
-from shared.events import Limits, RetryPolicy
+from shared.events import Budget, Limits, ParentRef, RetryPolicy
 from shared.shaping import bounded_diagnostic
 from shared.wiretypes import (
     AnswerAction,
@@ -41,6 +41,7 @@ from shared.wiretypes import (
 __all__ = [
     "AnswerRequest",
     "ApiReply",
+    "BudgetRequest",
     "CloseRequest",
     "ClosedError",
     "CommitReply",
@@ -194,6 +195,8 @@ class StartRequest(_Wire):
     limits: Limits | None = None
     on_unknown: OnUnknown | None = None
     retries: dict[ToolName, RetryPolicy] | None = None
+    parent: ParentRef | None = None  # a sub-agent's child loop: the parent's call
+    budget: Budget | None = None
 
 
 class InputRequest(_Wire):
@@ -222,6 +225,13 @@ class CloseRequest(_Wire):
     command_id: Uuid
 
 
+class BudgetRequest(_Wire):
+    """The loop's whole budget from now on (committed as BudgetChanged; limits left out are 0 = unlimited)."""
+
+    command_id: Uuid
+    budget: Budget
+
+
 class ForkRequest(_Wire):
     """Sent on the NEW loop's subject (``lw.api.<new_loop>.fork``), like ``start``."""
 
@@ -242,6 +252,7 @@ REQUEST_TYPES: Final[dict[str, type[_Wire]]] = {
     "interrupt": InterruptRequest,
     "close": CloseRequest,
     "fork": ForkRequest,
+    "budget": BudgetRequest,
 }
 
 

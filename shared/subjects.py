@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 # Loop API verbs (binding).
-Verb = Literal["start", "input", "interrupt", "answer", "close", "fork"]
+Verb = Literal["start", "input", "interrupt", "answer", "close", "fork", "budget"]
 VERBS: Final[tuple[Verb, ...]] = get_args(Verb)
 
 # Queue groups.

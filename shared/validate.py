@@ -220,6 +220,17 @@ def _loop_started(name: str, e: Event, strict: bool = True) -> None:
         isinstance(k, str) and TOOL_NAME_RE.match(k) and _retry_ok(v) for k, v in e.retries.items()
     ):
         raise _fail(name, "retries", Rule.INVALID)
+    if e.parent is not None and not _parent_ok(e.parent, e.loop_id):
+        raise _fail(name, "parent", Rule.INVALID)
+
+
+def _parent_ok(parent: object, loop_id: str) -> bool:
+    """A child loop names its parent's call by all its ids, and is not its own parent."""
+    if not isinstance(parent, ev.ParentRef) or parent.loop_id == loop_id:
+        return False
+    ids = (parent.loop_id, parent.turn_id, parent.step_id, parent.tool_execution_id)
+    name = parent.tool_name
+    return all(is_uuid(i) for i in ids) and isinstance(name, str) and bool(TOOL_NAME_RE.search(name))
 
 
 def _retry_ok(r: object) -> bool:

@@ -146,8 +146,8 @@ Seq = Annotated[int, Meta(ge=0, le=INT64_MAX, title="Seq", description="A histor
 # Each is a Literal (string values in code, an enum in the schema) with a title naming its definition.
 
 _PolicyEffect = Literal["allow", "deny", "ask"]
-_TurnFailedKind = Literal["empty_response", "tool_limit", "model_error", "turn_panic", "unknown"]
-_GateKind = Literal["permission", "user_input"]
+_TurnFailedKind = Literal["empty_response", "tool_limit", "model_error", "turn_panic", "unknown", "budget"]
+_GateKind = Literal["permission", "user_input", "budget"]
 _GateAction = Literal["approve", "approve_always", "deny", "reply", "abandoned"]
 _AnswerAction = Literal["approve", "approve_always", "deny", "reply"]
 _PermissionEffect = Literal["approve", "deny"]
@@ -159,6 +159,7 @@ _OnUnknown = Literal["error", "ask"]
 _RetryOutcome = Literal["crashed", "unavailable", "timeout"]
 _GateReason = Literal["", "outcome_unknown", "fork_rerun"]
 _Reexecution = Literal["reuse", "rerun", "ask"]
+_OnBudget = Literal["fail", "ask"]
 
 
 PolicyEffect = Annotated[_PolicyEffect, Meta(title="PolicyEffect", description="LoopStarted policy values.")]
@@ -182,6 +183,10 @@ Reexecution = Annotated[
     _Reexecution, Meta(title="Reexecution", description="LoopForked.reexecution values: a repeated call of the source")
 ]
 
+OnBudget = Annotated[
+    _OnBudget, Meta(title="OnBudget", description="Budget.on_budget: a spent budget fails the turn or asks")
+]
+
 POLICY_EFFECTS: Final[tuple[str, ...]] = get_args(_PolicyEffect)
 # The policy effects by name, typed by the vocabulary (a misspelling fails the type check).
 ALLOW: Final[_PolicyEffect] = "allow"
@@ -201,3 +206,4 @@ ON_UNKNOWN_OUTCOMES: Final[tuple[str, ...]] = get_args(_OnUnknown)
 RETRYABLE_OUTCOMES: Final[tuple[str, ...]] = get_args(_RetryOutcome)
 GATE_REASONS: Final[tuple[str, ...]] = get_args(_GateReason)
 REEXECUTIONS: Final[tuple[str, ...]] = get_args(_Reexecution)
+ON_BUDGET_OUTCOMES: Final[tuple[str, ...]] = get_args(_OnBudget)

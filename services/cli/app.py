@@ -62,7 +62,7 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
-    from services.cli import commands, forks
+    from services.cli import budgetcmd, budgets, commands, forks
 
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
     parser = argparse.ArgumentParser(
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _mcp_parser(which)
+    _agent_parser(which)
     p.set_defaults(handler=handle_serve)
 
     p = command(
@@ -185,8 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-iterations", type=int, metavar="N", help="tool steps per turn (25)")
     p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
+    budgets.add_budget_options(p)
     _json_option(p)
     p.set_defaults(handler=ClientCommand(commands.cmd_start))
+
+    p = command(
+        "budget",
+        "show or change a loop's budget",
+        "Without options: print LOOP's budget and what it has spent (tokens and cost of the loop, steps and "
+        "seconds of the running turn). With options: change those limits (the others stay) from the next "
+        "model step on; committed as BudgetChanged (docs/budgets.md).",
+    )
+    p.add_argument("loop", metavar="LOOP", help="loop id")
+    budgets.add_budget_options(p)
+    _json_option(p)
+    p.set_defaults(handler=ClientCommand(budgetcmd.cmd_budget))
 
     p = command("send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
@@ -220,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=ClientCommand(commands.cmd_loops))
 
     p = command("gates", "list open gates (permission requests and questions) waiting for an operator")
-    p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop")
+    p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop and its sub-agents' child loops")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(commands.cmd_gates))
 
@@ -279,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_fork))
 
-    p = command("lineage", "show a loop's fork tree (its root, every fork and the fork points)")
+    p = command("lineage", "show a loop's tree: its root, every fork with its fork point, and sub-agents' child loops")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_lineage))
@@ -432,6 +446,36 @@ def _mcp_parser(which: Any) -> None:
         "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
     )
     s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
+
+
+def _agent_parser(which: Any) -> None:
+    s = which.add_parser(
+        "agent",
+        help="serve a sub-agent: tool NAME whose every call runs a child loop",
+        description='Serve the tool NAME (input {"task": string}, kind agent). Each call starts a child loop '
+        "(its own id and history, its LoopStarted naming the parent's call) with --model, --tools, the "
+        "--instructions file as system prompt and --policy, submits the task, and answers with the child's final "
+        "answer (a failed or interrupted child: an error result). The child's tool calls, steps and gates show as "
+        "the call's progress in the parent; its gates are listed by `loopwire gates PARENT`. A call sent again "
+        "(worker or model-step crash) finds the same child; interrupting or closing the parent interrupts and "
+        "closes the child. Several workers with the same NAME share the calls.",
+        formatter_class=_Formatter,
+    )
+    _connection_options(s, top=False)
+    s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
+    s.add_argument("--model", required=True, help="the child loops' model, e.g. demo or openai:gpt-4o")
+    s.add_argument("--tools", metavar="A,B", help="the child loops' tools, comma-separated (default: every tool)")
+    s.add_argument("--instructions", metavar="FILE", help="a text file: the child loops' system prompt")
+    s.add_argument("--description", metavar="TEXT", help="what the parent's model reads about the tool")
+    s.add_argument(
+        "--policy", action="append", metavar="TOOL=EFFECT", help="allow | deny | ask for a child's tool (repeatable)"
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="deadline of each call in seconds (default 86400: a child may wait at gates)",
+    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:

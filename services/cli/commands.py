@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from services.cli.budgets import budget_from_args, budget_gate_text, budget_json
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import close_quietly, raise_single
@@ -48,6 +49,7 @@ from shared.events import (
     TurnFailed,
     UserInputRequested,
 )
+from shared.forking import descendants, origins
 from shared.history import LoopHistory, loops, replay
 from shared.modelspec import model_id, spec_problem
 from shared.protocol import RemoteError
@@ -206,6 +208,7 @@ class GateInfo:
     text: str = ""
     choices: list[str] = field(default_factory=list)
     opened_seq: int = 0
+    parent: str = ""  # a sub-agent's child loop: the parent loop it runs for
 
 
 async def fold_loop(nc: NATS, names: Names, loop_id: str) -> tuple[LoopHistory, dict[str, tuple[str, list[str]]]]:
@@ -225,6 +228,8 @@ def gates_of(h: LoopHistory, texts: dict[str, tuple[str, list[str]]]) -> list[Ga
     out_: list[GateInfo] = []
     for g in h.open_gates:
         text, choices = texts.get(g.gate.id, ("", []))
+        if g.gate.kind == "budget":
+            text = budget_gate_text(h)
         out_.append(
             GateInfo(
                 loop_id=h.loop_id,
@@ -234,6 +239,7 @@ def gates_of(h: LoopHistory, texts: dict[str, tuple[str, list[str]]]) -> list[Ga
                 text=text,
                 choices=choices,
                 opened_seq=g.opened_seq,
+                parent=h.config.parent.loop_id if h.config is not None and h.config.parent is not None else "",
             )
         )
     return out_
@@ -356,6 +362,7 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
             limits=limits,
             on_unknown=args.on_unknown,
             retries=parse_retries(args.retry or []) or None,
+            budget=budget_from_args(args, None),
         )
     if args.json:
         out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id}))
@@ -539,6 +546,7 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
                         "open_gates": [g.gate.id for g in h.open_gates],
                         "parent": h.forked.source_loop_id if h.forked else None,
                         "forked_at": h.forked.source_seq if h.forked else None,
+                        **budget_json(h),
                     }
                 )
             )
@@ -572,7 +580,9 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
     found: list[GateInfo] = []
     async with session(settings) as nc:
         if args.loop:
-            ids = [await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))]
+            target = await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))
+            # A sub-agent's gates wait in its parent's inbox: the loop's child loops are listed too.
+            ids = [target, *descendants(await origins(nc, settings.names, await loops(nc, settings.names)), target)]
         else:
             ids = await loops(nc, settings.names)
         for loop_id in ids:
@@ -590,6 +600,7 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
                         "text": g.text,
                         "choices": g.choices,
                         "opened_seq": g.opened_seq,
+                        "parent": g.parent or None,
                     }
                 )
             )
@@ -602,7 +613,8 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
         table.add_column(col, no_wrap=col in ("gate", "loop", "kind"), overflow="fold")
     for g in found:
         text = g.text + (f"  [{', '.join(g.choices)}]" if g.choices else "")
-        table.add_row(*_cells(g.gate_id, short(g.loop_id), g.kind, g.tool_name, text))
+        where = short(g.loop_id) + (f" (child of {short(g.parent)})" if g.parent else "")
+        table.add_row(*_cells(g.gate_id, where, g.kind, g.tool_name, text))
     make_console().print(table)
     return 0
 

@@ -41,6 +41,7 @@ API_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
     protocol.InterruptRequest,
     protocol.CloseRequest,
     protocol.ForkRequest,
+    protocol.BudgetRequest,
     protocol.ApiReply,
 )
 TOOL_TYPES: Final[tuple[type[msgspec.Struct], ...]] = (
@@ -81,6 +82,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "CloseRequest": "Request on {prefix}.api.{loop_id}.close: close the loop.",
     "ForkRequest": "Request on {prefix}.api.{loop_id}.fork, where loop_id is the NEW loop's id: a loop made of "
     "source_loop_id's records up to the fork point at (a valid point; default the last), with the overrides.",
+    "BudgetRequest": "Request on {prefix}.api.{loop_id}.budget: replace the loop's budget (committed as "
+    "BudgetChanged; checked before its next model step).",
     "ApiReply": "Reply to every loop-API request.",
     "ErrorBody": "The error of a failed reply; kind is one of ErrorKind.",
     "ToolSpec": "What a tool declares about itself (registered in KV {prefix}_tools, shown to the model).",

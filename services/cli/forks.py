@@ -11,8 +11,8 @@ from rich.text import Text
 from services.cli.commands import loop_ref, make_console, out, parse_policy, require_uuid, resolve_loop, session
 from services.cli.errors import CliError
 from services.cli.render import clip, describe, json_line
-from shared.events import REEXECUTIONS, Event, LoopForked
-from shared.forking import common_prefix, content_of, conversation, parents
+from shared.events import REEXECUTIONS, Event, LoopForked, ParentRef
+from shared.forking import common_prefix, content_of, conversation, origins
 from shared.history import loops, replay
 from shared.settings import Settings
 from shared.wiretypes import Reexecution
@@ -79,39 +79,53 @@ async def cmd_lineage(args: argparse.Namespace, settings: Settings) -> int:
         every = await loops(nc, settings.names)
         if target not in every:
             raise CliError(f"no loop {target}")
-        forks = await parents(nc, settings.names, every)
+        links = await origins(nc, settings.names, every)
+
+    def up(o: LoopForked | ParentRef | None) -> str:
+        return o.source_loop_id if isinstance(o, LoopForked) else o.loop_id if o is not None else ""
+
     root = target
-    while (f := forks.get(root)) is not None and f.source_loop_id in forks:
-        root = f.source_loop_id
-    children: dict[str, list[tuple[str, LoopForked]]] = {}
-    for loop_id, f in forks.items():
-        if f is not None:
-            children.setdefault(f.source_loop_id, []).append((loop_id, f))
-    rows: list[tuple[int, str, LoopForked | None]] = []
+    seen = {root}
+    while (src := up(links.get(root))) in links and src not in seen:
+        root = src
+        seen.add(root)
+    children: dict[str, list[tuple[str, LoopForked | ParentRef]]] = {}
+    for loop_id, o in links.items():
+        if o is not None:
+            children.setdefault(up(o), []).append((loop_id, o))
+    rows: list[tuple[int, str, LoopForked | ParentRef | None]] = []
+
+    def order(c: tuple[str, LoopForked | ParentRef]) -> tuple[int, int, str]:
+        o = c[1]
+        return (0, o.source_seq, o.created_at) if isinstance(o, LoopForked) else (1, 0, o.tool_execution_id)
 
     def walk(loop_id: str, depth: int) -> None:
-        rows.append((depth, loop_id, forks.get(loop_id)))
-        for child, _ in sorted(children.get(loop_id, []), key=lambda c: (c[1].source_seq, c[1].created_at)):
+        if any(r[1] == loop_id for r in rows):
+            return
+        rows.append((depth, loop_id, links.get(loop_id)))
+        for child, _ in sorted(children.get(loop_id, []), key=order):
             walk(child, depth + 1)
 
     walk(root, 0)
     if args.json:
-        for depth, loop_id, f in rows:
-            out(
-                json_line(
-                    {
-                        "loop_id": loop_id,
-                        "depth": depth,
-                        "parent": f.source_loop_id if f else None,
-                        "at": f.source_seq if f else None,
-                        "changes": _changes(f) if f else "",
-                    }
+        for depth, loop_id, o in rows:
+            line: dict[str, object] = {"loop_id": loop_id, "depth": depth, "parent": up(o) or None}
+            if isinstance(o, ParentRef):
+                line.update(link="child", tool=o.tool_name, tool_execution_id=o.tool_execution_id, at=None)
+            else:
+                line.update(
+                    link="fork" if o else None, at=o.source_seq if o else None, changes=_changes(o) if o else ""
                 )
-            )
+            out(json_line(line))
         return 0
-    for depth, loop_id, f in rows:
+    for depth, loop_id, o in rows:
         mark = " ◀" if loop_id == target else ""
-        where = f"  (forked at seq {f.source_seq}{'; ' + _changes(f) if _changes(f) else ''})" if f else ""
+        if isinstance(o, ParentRef):
+            where = f"  (sub-agent {o.tool_name}, call {o.tool_execution_id[:8]})"
+        elif o is not None:
+            where = f"  (forked at seq {o.source_seq}{'; ' + _changes(o) if _changes(o) else ''})"
+        else:
+            where = ""
         out(f"{'  ' * depth}{'└─ ' if depth else ''}{loop_id}{where}{mark}")
     return 0
 

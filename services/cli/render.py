@@ -10,6 +10,7 @@ import msgspec
 from shared.codec import encode_live
 from shared.content import AIMessage, Message, ToolResultMessage, UserMessage, text_of, tool_uses
 from shared.events import (
+    BudgetChanged,
     Event,
     GateOpened,
     GateResolved,
@@ -85,6 +86,16 @@ def describe(event: Event, *, limit: int = ONE_LINE, multiline: bool = False) ->
         if event.system:
             parts.append(f"system: {clip(event.system, 40)}")
         return "; ".join(parts)
+    if isinstance(event, BudgetChanged):
+        b = event.budget
+        return (
+            "budget: "
+            + (
+                ", ".join(f"{k}={v}" for k, v in msgspec.structs.asdict(b).items() if v and k != "on_budget")
+                or "unlimited"
+            )
+            + f" (on budget: {b.on_budget})"
+        )
     if isinstance(event, LoopForked):
         return f"forked from {event.source_loop_id} at seq {event.source_seq} ({event.records} records follow)"
     if isinstance(event, InputSubmitted):

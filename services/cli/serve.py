@@ -33,6 +33,8 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         return run_service("model-step", ModelStepService(settings), settings)
     if args.service == "mcp":
         return _run_serve_mcp(args, settings)
+    if args.service == "agent":
+        return _run_serve_agent(args, settings)
     from services.tools.service import ToolService, resolve_tools
 
     if any(":" in spec for spec in args.tools) and os.getcwd() not in sys.path:
@@ -69,6 +71,37 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
         return run_service(f"mcp:{args.name}", service, settings)
     except McpStartError as e:
         raise CliError(str(e)) from None
+
+
+def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from services.cli.commands import parse_policy
+    from services.tools.agent import DEFAULT_AGENT_TIMEOUT_SECONDS, agent_tool
+    from services.tools.service import ToolService
+    from shared.settings import split_list
+
+    instructions = ""
+    if args.instructions:
+        try:
+            instructions = Path(args.instructions).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CliError(f"cannot read --instructions {args.instructions}: {type(e).__name__}") from None
+    if args.timeout is not None and not args.timeout > 0:
+        raise CliError("--timeout must be > 0 seconds")
+    try:
+        tool = agent_tool(
+            args.name,
+            model=args.model,
+            instructions=instructions,
+            tools=list(split_list(args.tools)) if args.tools is not None else None,
+            description=args.description or "",
+            policy=parse_policy(args.policy or []),
+            timeout=args.timeout or DEFAULT_AGENT_TIMEOUT_SECONDS,
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return run_service(f"agent:{args.name}", ToolService([tool], settings), settings)
 
 
 async def _reachable(settings: Settings) -> None:

@@ -1,4 +1,4 @@
-"""The loop API: ``lw.api.<loop_id>.<verb>`` (start, input, interrupt, answer, close).
+"""The loop API: ``lw.api.<loop_id>.<verb>`` (start, input, interrupt, answer, close, budget).
 
 Each command is a read-modify-write of the loop's folded history: fold (cached; only the tail is
 read), decide, append with OCC at the folded ``last_seq``; on a conflict read the tail and decide
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +30,8 @@ from shared.content import TextBlock, UserMessage
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError, Rule
 from shared.events import (
     POLICY_EFFECTS,
+    Budget,
+    BudgetChanged,
     Cause,
     Event,
     GateResolved,
@@ -40,11 +43,13 @@ from shared.events import (
     now_rfc3339,
 )
 from shared.history import LoopHistory, load
+from shared.pricing import price_of
 from shared.protocol import (
     REQUEST_TYPES,
     RESOLVER_MAX_CHARS,
     AnswerRequest,
     ApiReply,
+    BudgetRequest,
     CloseRequest,
     ForkRequest,
     InputRequest,
@@ -196,6 +201,8 @@ class LoopApi:
             decide = lambda h: self._interrupt(h, loop_id, command_id)  # noqa: E731
         elif isinstance(req, AnswerRequest):
             decide = lambda h: self._answer(h, loop_id, req)  # noqa: E731
+        elif isinstance(req, BudgetRequest):
+            decide = lambda h: self._budget(h, loop_id, req)  # noqa: E731
         else:
             assert isinstance(req, CloseRequest)
             decide = lambda h: self._close(h, loop_id, command_id)  # noqa: E731
@@ -363,7 +370,10 @@ class LoopApi:
             limits=req.limits if req.limits is not None else Limits(),
             on_unknown=req.on_unknown or "error",
             retries=dict(req.retries or {}),
+            parent=req.parent,
+            budget=req.budget if req.budget is not None else Budget(),
         )
+        _check_budget(e.budget, e.model)
         _check(e)
         return e
 
@@ -483,6 +493,21 @@ class LoopApi:
         )
         return Outcome(events=[e], signal_work=True)
 
+    def _budget(self, h: LoopHistory, loop_id: str, req: BudgetRequest) -> Outcome:
+        seq = self._repeat(h, req.command_id)
+        if seq is not None:
+            return Outcome(seq=seq)
+        self._require_loop(h)
+        if h.closed:
+            raise WireError(ErrorKind.CLOSED, "the loop is closed")
+        assert h.config is not None
+        _check_budget(req.budget, h.config.model or self._settings.model)
+        e = BudgetChanged(loop_id=loop_id, budget=req.budget)
+        _check(e)
+        # No work signal: a drive running a turn reads it before its next step (the loop's control
+        # subject), and a loop resting idle or at a gate has no step to check until a command comes.
+        return Outcome(events=[e])
+
     def _close(self, h: LoopHistory, loop_id: str, command_id: str) -> Outcome:
         seq = self._repeat(h, command_id)
         if seq is not None:
@@ -493,6 +518,21 @@ class LoopApi:
         events = self._abandon_turn(h, loop_id, "close", "closed")
         events.append(LoopClosed(loop_id=loop_id))
         return Outcome(events=events)
+
+
+def _check_budget(budget: Budget, model: str) -> None:
+    """A budget a loop can keep: finite limits, and a cost limit only for a model with a price."""
+    for name in ("max_cost_usd", "max_turn_seconds"):
+        value = getattr(budget, name)
+        if not math.isfinite(value) or not 0 <= value <= 1e9:
+            raise WireError(ErrorKind.INVALID, f"budget.{name} must be a number from 0 to 1e9", field="budget")
+    if budget.max_cost_usd > 0 and price_of(model) is None:
+        raise WireError(
+            ErrorKind.INVALID,
+            f"model {model!r} has no price in the price table: a loop with max_cost_usd needs one "
+            "(docs/budgets.md); set no cost limit, or use a priced model",
+            field="budget",
+        )
 
 
 def _check(e: Event) -> None:

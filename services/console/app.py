@@ -384,7 +384,23 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
 
     async def get_loop(request: Request) -> Response:
         s = await summary_of(loop_id_of(request))
-        return JSONResponse({"ok": True, "loop": s.to_json()})
+        doc = s.to_json()
+        # A sub-agent's gates wait in its parent's inbox: the open gates of the loop's child loops too.
+        doc["open_gates"] += [rules.gate_json(g) for c in _agent_children(s.loop_id) for g in c.open_gates]
+        return JSONResponse({"ok": True, "loop": doc})
+
+    def _agent_children(loop_id: str) -> list[rules.LoopSummary]:
+        """The child loops of ``loop_id``'s agent calls, theirs, and so on."""
+        every = console.loops_index().loops
+        found: dict[str, rules.LoopSummary] = {}
+        todo = [loop_id]
+        while todo:
+            parent = todo.pop()
+            for c in every.values():
+                if c.agent_parent == parent and c.loop_id not in found and c.loop_id != loop_id:
+                    found[c.loop_id] = c
+                    todo.append(c.loop_id)
+        return list(found.values())
 
     async def loop_events(request: Request) -> Response:
         loop_id = loop_id_of(request)
@@ -531,9 +547,21 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
         loop_id = loop_id_of(request)
         s = await summary_of(loop_id)
         children = [
-            {"loop_id": c.loop_id, "at": c.forked_at, "title": c.title, "state": c.state}
+            {"loop_id": c.loop_id, "link": "fork", "at": c.forked_at, "title": c.title, "state": c.state}
             for c in console.loops_index().loops.values()
             if c.parent == loop_id
+        ] + [
+            {
+                "loop_id": c.loop_id,
+                "link": "child",
+                "at": 0,
+                "tool": c.agent_tool,
+                "call": c.agent_call,
+                "title": c.title,
+                "state": c.state,
+            }
+            for c in console.loops_index().loops.values()
+            if c.agent_parent == loop_id
         ]
         return JSONResponse(
             {
@@ -541,6 +569,8 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
                 "loop_id": loop_id,
                 "parent": s.parent or None,
                 "forked_at": s.forked_at or None,
+                "agent_parent": s.agent_parent or None,
+                "agent_tool": s.agent_tool or None,
                 "children": sorted(children, key=lambda c: (c["at"], c["loop_id"])),
                 "points": s.fork_points.points,
             }

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import msgspec
+
 from shared.content import AIMessage, text_of
 from shared.events import (
+    Budget,
+    BudgetChanged,
     Event,
     GateOpened,
     GateResolved,
@@ -36,6 +40,7 @@ from shared.events import (
 )
 from shared.forking import ForkPoints
 from shared.modelspec import model_id
+from shared.pricing import usd
 
 STATES: Final = ("running", "waiting", "idle", "failed", "closed")
 PAGE_SIZE: Final = 50
@@ -64,6 +69,7 @@ class GateView:
     reason: str = ""
     resolved_at: str = ""
     resolved_seq: int = 0
+    child_of: str = ""  # a sub-agent's child loop's gate: the parent loop whose inbox shows it
 
     @property
     def resolved(self) -> bool:
@@ -88,12 +94,18 @@ class LoopSummary:
     closed: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_micro_usd: int = 0  # the StepDone costs (docs/budgets.md)
+    budget: Budget = field(default_factory=Budget)  # as set by LoopStarted or the latest BudgetChanged
     last_seq: int = 0
     seqs: list[int] = field(default_factory=list)
     fork_points: ForkPoints = field(default_factory=ForkPoints)
     gates: dict[str, GateView] = field(default_factory=dict)
     parent: str = ""  # a fork's source loop, and the source's sequence it was forked at
     forked_at: int = 0
+    # A sub-agent's child loop: the parent loop, the agent tool and the parent's call it runs for.
+    agent_parent: str = ""
+    agent_tool: str = ""
+    agent_call: str = ""
     # Gate texts arrive in PermissionRequested / UserInputRequested, in the same commit as GateOpened.
     _texts: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
@@ -111,6 +123,12 @@ class LoopSummary:
         elif isinstance(event, LoopStarted):
             self.model = model_id(event.model)  # a scripted model by its file, not a temporary path
             self.started_at = event.created_at
+            self.budget = event.budget
+            if event.parent is not None:
+                self.agent_parent, self.agent_tool = event.parent.loop_id, event.parent.tool_name
+                self.agent_call = event.parent.tool_execution_id
+        elif isinstance(event, BudgetChanged):
+            self.budget = event.budget
         elif isinstance(event, InputSubmitted):
             self.pending_inputs += 1
             self.last_input = _title(text_of(event.message))
@@ -127,6 +145,7 @@ class LoopSummary:
             if isinstance(head, AIMessage) and head.usage is not None:
                 self.input_tokens += head.usage.input_tokens
                 self.output_tokens += head.usage.output_tokens
+            self.cost_micro_usd += event.cost_micro_usd
         elif isinstance(event, TurnDone | TurnFailed | TurnInterrupted):
             if event.turn_id == self.open_turn:
                 self.open_turn = ""
@@ -150,6 +169,7 @@ class LoopSummary:
                 choices=choices,
                 opened_at=event.created_at,
                 opened_seq=seq,
+                child_of=self.agent_parent,
             )
         elif isinstance(event, GateResolved):
             gv = self.gates.get(event.gate_id)
@@ -213,11 +233,16 @@ class LoopSummary:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "tokens": self.tokens,
+            "cost_usd": usd(self.cost_micro_usd),
+            "budget": msgspec.to_builtins(self.budget),
             "events": len(self.seqs),
             "last_seq": self.last_seq,
             "last_error": self.last_error,
             "parent": self.parent,
             "forked_at": self.forked_at,
+            "agent_parent": self.agent_parent,
+            "agent_tool": self.agent_tool,
+            "agent_call": self.agent_call,
             "open_gates": [gate_json(g) for g in self.open_gates],
             "resolved_gates": [gate_json(g) for g in resolved_gates([self], RECENT_GATES)],
         }
@@ -235,6 +260,7 @@ def gate_json(g: GateView) -> dict[str, Any]:
     return {
         "gate_id": g.gate_id,
         "loop_id": g.loop_id,
+        "child_of": g.child_of,
         "kind": g.kind,
         "tool_name": g.tool_name,
         "controls": g.controls,

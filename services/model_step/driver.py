@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 
 from services.lifecycle import raise_single
 from services.model_step import forkcalls, tracing
+from services.model_step.budget import FAIL, Verdict, budget_verdict
 from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
 from services.model_step.models.accumulator import StreamAccumulator
@@ -55,7 +56,7 @@ from services.tools.client import outcome_of
 from services.tools.executor import caller_span
 from services.tools.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
-from shared import shaping, telemetry
+from shared import metrics, shaping, telemetry
 from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
@@ -65,9 +66,10 @@ from shared.content import AIMessage, Message, ToolResultMessage, clone
 from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
 from shared.errors import StepAbandoned as StepAbandoned
-from shared.events import Cause, Event, make, new_id
+from shared.events import Cause, Event, make, new_id, now_rfc3339
 from shared.history import GateState, LoopHistory, OpenTurn, add_usage, load
 from shared.modelspec import model_id
+from shared.pricing import price_of, step_cost_micro_usd
 from shared.protocol import ConflictError, RemoteError, UnavailableError
 from shared.results import DONE, ResultStore, StepPlan, args_digest
 from shared.settings import Settings
@@ -401,7 +403,33 @@ class LoopDriver:
         return [] if h.pending_inputs else [make(ev.LoopIdle, loop_id=h.loop_id)]
 
     def _step_done(self, h: LoopHistory, t: OpenTurn, step_id: str, messages: list[Message]) -> ev.StepDone:
-        return make(ev.StepDone, loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, messages=messages)
+        head = messages[0] if messages else None
+        usage = head.usage if isinstance(head, AIMessage) else None
+        # Priced now, from the table this process has: the record keeps the cost (docs/budgets.md).
+        cost = step_cost_micro_usd(price_of(self._model_spec(h)), usage) if usage is not None else 0
+        return make(
+            ev.StepDone, loop_id=h.loop_id, turn_id=t.turn_id, step_id=step_id, messages=messages, cost_micro_usd=cost
+        )
+
+    def _model_spec(self, h: LoopHistory) -> str:
+        return (h.config.model if h.config is not None else "") or self.settings.model
+
+    async def _budget_stop(self, h: LoopHistory, t: OpenTurn, step_id: str, verdict: Verdict) -> None:
+        """Fail the turn (kind budget) or open a budget gate before the step asks the model."""
+        for limit in verdict.limits:
+            metrics.inc(metrics.BUDGET_STOPS, limit, verdict.action)
+        if verdict.action == FAIL:
+            await self._fail_turn(h, "budget", verdict.message)
+            return
+        gate_id = new_id()
+        common = {"loop_id": h.loop_id, "turn_id": t.turn_id, "step_id": step_id}
+        opened = make(
+            ev.GateOpened,
+            **common,
+            gate=ev.Gate(id=gate_id, kind="budget", controls=["approve", "deny"], tool_name=verdict.limits[0]),
+        )
+        tracing.gate_event("gate.opened", gate_id, "budget", verdict.limits[0])
+        await self._commit(h, lambda _cur: [opened])
 
     # --- one step ---------------------------------------------------------------------------------
 
@@ -416,6 +444,12 @@ class LoopDriver:
                 # recorded decision instead of asking the model again, whose new calls would be new ids.
                 await self._authorise_and_run(h, t, step_id, plan.step, rerun=True)
                 return
+        # Before the model is asked: a step already asked (its plan, above) is continued whatever
+        # the budget says, as it was paid for.
+        verdict = budget_verdict(h, now_rfc3339())
+        if verdict.action != "go":
+            await self._budget_stop(h, t, step_id, verdict)
+            return
         try:
             model = self.models(h.config.model or self.settings.model)
         except ModelError as e:

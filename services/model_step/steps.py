@@ -40,8 +40,8 @@ def resumable_gate(h: LoopHistory) -> GateState | None:
     for g in h.gates.values():
         if g.turn_id != t.turn_id or g.resolved is None or g.step_id in h.step_ids:
             continue
-        if g.resolved.action == "abandoned":
-            continue
+        if g.resolved.action == "abandoned" or g.gate.kind == "budget":
+            continue  # (a budget gate parks no step: its answer is read by the budget check)
         if found is None or g.opened_seq > found.opened_seq:
             found = g
     return found

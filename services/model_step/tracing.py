@@ -29,6 +29,7 @@ from services.model_step.models.base import FINISH_END_TURN, FINISH_TOOL_USE
 from shared import logfmt, metrics, telemetry
 from shared.content import ToolUseBlock
 from shared.history import LoopHistory, OpenTurn
+from shared.pricing import price_of, step_cost_micro_usd, usd
 
 _NO_IDS = ("", "")
 
@@ -204,6 +205,7 @@ def chat_result(span: Any, model: str, acc: StreamAccumulator) -> None:
     if usage is not None:
         metrics.inc(metrics.MODEL_TOKENS, model, "input", amount=usage.input_tokens)
         metrics.inc(metrics.MODEL_TOKENS, model, "output", amount=usage.output_tokens)
+        metrics.inc(metrics.MODEL_COST, model, amount=usd(step_cost_micro_usd(price_of(model), usage)))
     if not telemetry.ENABLED:
         return
     if usage is not None:

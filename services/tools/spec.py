@@ -19,7 +19,9 @@ TOOL_NAME_RE: Final = re.compile(TOOL_NAME_PATTERN)
 
 KIND_FUNCTION: Final = "function"
 KIND_USER_INPUT: Final = "user_input"
-KINDS: Final = (KIND_FUNCTION, KIND_USER_INPUT)
+# A sub-agent: each call runs a child loop (services/tools/agent.py); served by a worker like a function.
+KIND_AGENT: Final = "agent"
+KINDS: Final = (KIND_FUNCTION, KIND_USER_INPUT, KIND_AGENT)
 
 DEFAULT_TIMEOUT_SECONDS: Final = 60.0
 

@@ -21,6 +21,7 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.tools.agent import child_loop_id
 from services.tools.registry import ToolRegistry
 from shared import events as ev
 from shared.client import LoopClient
@@ -48,6 +49,7 @@ def _python_block(section: str, containing: str) -> str:
 
 TOOL = _python_block("Add a tool in 10 lines", "run_worker")
 ONE_LOOP = _python_block("Consume events", "wait_for_turn")
+SUB_AGENT = _python_block("Sub-agents", "agent_tool")
 FOLLOW = _python_block("Consume events", "decode_event")
 
 
@@ -183,3 +185,31 @@ async def test_ctrl_c_stops_an_example_quietly(nc: NATS, settings: Settings, tmp
     code = follow.stop()
     text = follow.out_path.read_text()
     assert code == 130 and "Traceback" not in text, text
+
+
+async def test_the_sub_agent_example_answers_through_a_child_loop(
+    settings: Settings, nc: NATS, tmp_path: Path, examples: list[Example]
+) -> None:
+    assert (ROOT / "examples" / "sub_agent.py").read_text() == SUB_AGENT
+    assert set(re.findall(r"^(?:from (\S+) import|import (\S+))", SUB_AGENT, re.M)) == {("loopwire", "")}
+    with system(settings, tools=("calculator",)):
+        worker = Example(tmp_path, "sub_agent", SUB_AGENT, settings)
+        examples.append(worker)
+        async with ToolRegistry(nc, settings.names) as registry:
+            spec = await registry.wait_for("researcher", timeout=30)
+        assert spec.kind == "agent" and spec.input_schema["required"] == ["task"]
+        client = LoopClient(nc, settings.names)
+        loop_id = str(uuid.uuid4())
+        await client.start(loop_id, model="demo", tools=["researcher"])
+        sent = await client.input(loop_id, 'ask researcher "what is 17*23"')
+        with anyio.fail_after(60):
+            turn = await wait_for_turn(nc, settings.names, loop_id, sent.command_id, sent.seq)
+        assert turn.outcome == "done", turn
+        steps = [e async for _, e in replay(nc, loop_id, names=settings.names) if isinstance(e, ev.StepDone)]
+        result = steps[0].messages[1]
+        assert isinstance(result, ToolResultMessage) and not result.is_error and "391" in text_of(result)
+        child = child_loop_id(ev.execution_id_for(steps[0].step_id, result.tool_use_id))
+        child_turn = [e async for _, e in replay(nc, child, names=settings.names) if isinstance(e, ev.TurnDone)]
+        assert len(child_turn) == 1 and child_turn[0].message is not None
+        assert text_of(child_turn[0].message) == text_of(result)
+        assert worker.stop() == 0

@@ -151,6 +151,18 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ),
     ev.LoopIdle: st.just({}),
     ev.LoopClosed: st.just({}),
+    ev.BudgetChanged: st.fixed_dictionaries(
+        {
+            "budget": st.builds(
+                ev.Budget,
+                max_total_tokens=st.integers(0, 2**40),
+                max_cost_usd=st.floats(0, 1e9),
+                max_steps_per_turn=st.integers(0, 1000),
+                max_turn_seconds=st.floats(0, 1e9),
+                on_budget=st.sampled_from(ev.ON_BUDGET_OUTCOMES),
+            )
+        }
+    ),
     ev.LoopForked: st.fixed_dictionaries(
         {
             "source_loop_id": uuids,

@@ -75,6 +75,10 @@ _BODIES: dict[type[ev.Event], Callable[[], dict[str, Any]]] = {
     ev.InputSubmitted: lambda: {"message": user_text("hi"), "cause": ev.Cause(command_id=CMD)},
     ev.LoopIdle: dict,
     ev.LoopClosed: dict,
+    ev.BudgetChanged: lambda: {
+        "budget": ev.Budget(max_cost_usd=0.5, on_budget="ask"),
+        "cause": ev.Cause(command_id=CMD),
+    },
     ev.LoopForked: lambda: {"source_loop_id": "5e7a9c1e-3a5c-4e7a-9c1e-3a5c7e9a1c3e", "source_seq": 7, "records": 3},
     ev.TurnStarted: lambda: {"turn_index": 1, "message": user_text("hi"), "cause": ev.Cause(command_id=CMD)},
     ev.TurnFoldedInto: lambda: {"turn_index": 1, "message": user_text("more"), "cause": ev.Cause(command_id=CMD)},

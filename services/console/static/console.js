@@ -157,10 +157,15 @@ function followIndex(onChange) {
 
 function gateCard(g, opts) {
   const card = el("div", { class: "card gate-card", "data-gate": g.gate_id });
-  const title = g.kind === "user_input" ? "Question" : `May ${g.tool_name} run?`;
+  // (a budget gate's tool_name names the spent limit: approve grants it again, deny fails the turn)
+  const title = g.kind === "user_input" ? "Question"
+    : g.kind === "budget" ? `Budget spent (${g.tool_name}): go on?` : `May ${g.tool_name} run?`;
   card.append(el("div", { class: "row" }, el("strong", { text: title }),
     el("span", { class: "muted", text: `opened ${when(g.opened_at)}` }),
-    opts && opts.withLoop ? el("a", { href: `/loops/${g.loop_id}`, class: "mono", text: `loop ${short(g.loop_id)}` }) : null));
+    opts && opts.withLoop ? el("a", { href: `/loops/${g.loop_id}`, class: "mono", text: `loop ${short(g.loop_id)}` }) : null,
+    // A sub-agent's gate: answered here, it goes to the child loop.
+    g.child_of ? el("span", { class: "muted" }, "sub-agent ", el("a", { href: `/loops/${g.loop_id}`, class: "mono", text: short(g.loop_id) }),
+      " of ", el("a", { href: `/loops/${g.child_of}`, class: "mono", text: short(g.child_of) })) : null));
   if (g.text) card.append(el("div", { class: "text mono", text: g.text }));
   const result = el("div", { class: "result-msg" });
   const controls = g.controls && g.controls.length ? g.controls : ["approve", "approve_always", "deny"];
@@ -213,6 +218,21 @@ function syncGates(container, gates, opts, resolved) {
   gates.forEach((g) => { if (!have.has(g.gate_id)) container.append(gateCard(g, opts)); });
 }
 
+// --- budgets ---------------------------------------------------------------------------------
+
+// A cost in USD, to the micro-dollar the history records (docs/budgets.md).
+function usd(x) { return `$${(x || 0).toFixed(6)}`; }
+
+// A loop's budget as set at its start or by its latest BudgetChanged (0 = unlimited).
+function budgetText(b) {
+  const parts = [];
+  if (b.max_total_tokens) parts.push(`${b.max_total_tokens} tokens`);
+  if (b.max_cost_usd) parts.push(usd(b.max_cost_usd));
+  if (b.max_steps_per_turn) parts.push(`${b.max_steps_per_turn} steps/turn`);
+  if (b.max_turn_seconds) parts.push(`${b.max_turn_seconds} s/turn`);
+  return parts.length ? `${parts.join(", ")} · on budget: ${b.on_budget || "fail"}` : "unlimited";
+}
+
 // --- loops page -----------------------------------------------------------------------------
 
 function loopsPage() {
@@ -230,6 +250,7 @@ function loopsPage() {
       el("td", { class: "num", text: String(s.turns) }),
       el("td", { text: when(s.last_activity) }),
       el("td", { class: "num", text: String(s.tokens) }),
+      el("td", { class: "num", text: usd(s.cost_usd) }),
       el("td", { text: s.title }))));
     $("#page-info").textContent = `page ${doc.page} of ${doc.pages} · ${doc.total} loop(s)`;
     $("#prev").disabled = doc.page <= 1;
@@ -389,6 +410,19 @@ function loopPage() {
     const t = rec.event.type;
     if (t === "StepDone" || t === "TurnDone" || t === "TurnFailed" || t === "TurnInterrupted" || t === "LoopClosed") clearLive();
   }
+  // An agent call's progress names its child loop first: the row links to it and lists what the
+  // child does (its last few steps and tool calls) nested under the call.
+  function showProgress(row, message) {
+    const child = /^child loop ([0-9a-f-]{36})/.exec(message || "");
+    if (child) row.dataset.child = child[1];
+    if (!row.dataset.child) { row.textContent = `▶ ${row.dataset.summary || "tool call"} … ${message}`; return; }
+    const lines = (row.dataset.lines ? JSON.parse(row.dataset.lines) : []).concat(child ? [] : [message]).slice(-5);
+    row.dataset.lines = JSON.stringify(lines);
+    row.replaceChildren(
+      el("div", {}, `▶ ${row.dataset.summary || "sub-agent"} … `,
+        el("a", { class: "mono", href: `/loops/${row.dataset.child}`, text: `child loop ${short(row.dataset.child)}` })),
+      el("div", { class: "child-progress" }, ...lines.map((l) => el("div", { class: "mono muted", text: `  ${l}` }))));
+  }
   function onLive(e) {
     const t = e.type;
     if (t === "TokenDelta") {
@@ -404,7 +438,7 @@ function loopPage() {
         toolRows[key] = row; liveTools.append(row);
       }
       if (t === "ToolCallStarted") { row.dataset.summary = e.summary || e.tool_name; row.textContent = `▶ ${row.dataset.summary} …`; }
-      else if (t === "ToolCallProgress") row.textContent = `▶ ${row.dataset.summary || "tool call"} … ${e.message}`;
+      else if (t === "ToolCallProgress") showProgress(row, e.message);
       else row.textContent = `${e.is_error ? "✗" : "✓"} ${row.dataset.summary || e.tool_use_id} ${e.is_error ? "error" : "ok"} in ${e.duration_ms} ms: ${e.result_preview}`;
     } else return;
     liveBox.hidden = false;
@@ -416,6 +450,8 @@ function loopPage() {
     $("#loop-state").replaceWith(Object.assign(stateBadge(s.state), { id: "loop-state" }));
     $("#f-model").textContent = s.model; $("#f-turns").textContent = String(s.turns);
     $("#f-tokens").textContent = `${s.tokens} (in ${s.input_tokens}, out ${s.output_tokens})`;
+    $("#f-cost").textContent = usd(s.cost_usd);
+    $("#f-budget").textContent = budgetText(s.budget);
     $("#f-events").textContent = String(s.events); $("#f-activity").textContent = when(s.last_activity);
     $("#f-error").textContent = s.state === "failed" ? s.last_error : "";
     syncGates($("#loop-gates"), s.open_gates, {}, s.resolved_gates);
@@ -477,7 +513,11 @@ function loopPage() {
     }
     const rows = [];
     if (doc.parent) rows.push(el("div", {}, "forked from ", el("a", { class: "mono", href: `/loops/${doc.parent}`, text: short(doc.parent) }), ` at #${doc.forked_at}`));
-    for (const c of doc.children) rows.push(el("div", { class: "child" }, "fork ", el("a", { class: "mono", href: `/loops/${c.loop_id}`, text: short(c.loop_id) }), ` at #${c.at} · ${c.state}`));
+    if (doc.agent_parent) rows.push(el("div", {}, `sub-agent ${doc.agent_tool || ""} of `, el("a", { class: "mono", href: `/loops/${doc.agent_parent}`, text: short(doc.agent_parent) })));
+    for (const c of doc.children) {
+      if (c.link === "child") rows.push(el("div", { class: "child" }, `sub-agent ${c.tool} `, el("a", { class: "mono", href: `/loops/${c.loop_id}`, text: short(c.loop_id) }), ` (call ${short(c.call)}) · ${c.state}`));
+      else rows.push(el("div", { class: "child" }, "fork ", el("a", { class: "mono", href: `/loops/${c.loop_id}`, text: short(c.loop_id) }), ` at #${c.at} · ${c.state}`));
+    }
     $("#lineage-body").replaceChildren(...rows);
     $("#lineage").hidden = !rows.length;
   }
