@@ -24,7 +24,7 @@ from shared.codec import DEFAULT_MAX_RECORD_BYTES, encode_event
 from shared.connection import request_resending
 from shared.content import UserMessage
 from shared.errors import ErrorKind
-from shared.events import Budget, Event, Limits, ParentRef, RetryPolicy
+from shared.events import Budget, ContextPolicy, Event, Limits, ParentRef, RetryPolicy
 from shared.protocol import (
     AnswerRequest,
     ApiReply,
@@ -215,11 +215,13 @@ class LoopClient:
         retries: dict[str, RetryPolicy] | None = None,
         parent: ParentRef | None = None,
         budget: Budget | None = None,
+        context: ContextPolicy | None = None,
     ) -> ApiResult:
         """Start a loop (a new UUID unless ``loop_id`` is given); ``model`` defaults to the committer's LW_MODEL.
 
         ``parent``: the loop is a sub-agent's child, run for that call of the parent loop.
-        ``budget``: its tokens, cost, steps per turn and seconds per turn (docs/budgets.md)."""
+        ``budget``: its tokens, cost, steps per turn and seconds per turn (docs/budgets.md).
+        ``context``: how its model requests fit the model's context window (docs/context.md)."""
         loop_id = loop_id or _new_id()
         cid = command_id or _new_id()
         req = StartRequest(
@@ -234,6 +236,7 @@ class LoopClient:
             retries=retries,
             parent=parent,
             budget=budget,
+            context=context,
         )
         return await self._call(loop_id, "start", req, cid)
 

@@ -87,6 +87,7 @@ from shared.wiretypes import (
 from shared.wiretypes import (
     ChunkKind as ChunkKind,
 )
+from shared.wiretypes import ContextStrategy as ContextStrategy
 from shared.wiretypes import (
     DecisionEffect as DecisionEffect,
 )
@@ -168,6 +169,28 @@ class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_
     max_parallel: LimitValue = 8
     max_result_bytes: Count = 0  # 0 or >= 256: checked by validate_event (not a msgspec constraint)
     max_tokens: Count = 0  # 0 = provider default
+
+
+class ContextPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """How a loop's model requests are kept within the model's context window (docs/context.md).
+
+    ``strategy``: "none" (sent as built), "clear_tool_results" (old tool results become a short
+    placeholder) or "compact" (older messages are summarised). ``window``: the
+    context window in tokens (0 = the model's, shared/modelspec.py). ``trigger``: input tokens above
+    which the strategy acts (0 = only when the window would be exceeded). ``keep``: the most recent
+    tool results never cleared; ``clear_at_least``: tokens a clearing below the window must free, else
+    nothing is cleared (the prompt cache stays valid); ``exclude_tools``: tools whose results are never
+    cleared. ``compact``: above the trigger (or the window) the model summarises the older messages,
+    committed as ContextCompacted; ``model`` writes the summaries ("" = the loop's model).
+    """
+
+    strategy: ContextStrategy = "none"
+    window: Count = 0
+    trigger: Count = 0
+    keep: Count = 3
+    clear_at_least: Count = 0
+    exclude_tools: list[ToolName] = msgspec.field(default_factory=list)
+    model: Annotated[str, msgspec.Meta(max_length=512)] = ""  # compact: the summary's model ("" = the loop's)
 
 
 class Budget(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -290,6 +313,7 @@ class LoopStarted(Event):
     budget: Budget = msgspec.field(default_factory=Budget)
     # Set for a sub-agent's child loop: the parent loop's call it runs for.
     parent: ParentRef | None = None
+    context: ContextPolicy = msgspec.field(default_factory=ContextPolicy)
 
 
 class ForkChanges(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -354,6 +378,29 @@ class StepDone(Event):
     messages: list[Message] = msgspec.field(default_factory=list)
     # The step's cost in micro-USD from the price table when it was committed (0: unpriced or no
     # usage): the history keeps what a step cost even after the table changes.
+    cost_micro_usd: Count = 0
+
+
+class ContextCompacted(Event):
+    """A summary the model wrote of the loop's first ``upto`` messages (docs/context.md): model
+    requests from here on send it in their place, followed by the messages from ``upto`` on. The
+    messages themselves stay in the history (replay, fork and ``loopwire history`` show them all).
+
+    ``previous_upto``: the messages the summary before this one covered (0: none); this summary
+    includes it. ``tokens_before`` / ``tokens_after``: the request's input tokens without and with
+    the summary. ``model``: the model spec that wrote it. Its event id is derived from the loop and
+    ``upto`` (:func:`compaction_id_for`), so a repeated commit of the same compaction is a duplicate.
+    ``usage`` / ``cost_micro_usd``: what the summary request cost; they count in the loop's and the
+    turn's usage and budget like a step's.
+    """
+
+    upto: Annotated[int, msgspec.Meta(ge=1)] = 1
+    previous_upto: Count = 0
+    summary: NonEmpty = "(summary)"
+    tokens_before: Count = 0
+    tokens_after: Count = 0
+    model: Annotated[str, msgspec.Meta(max_length=512)] = ""
+    usage: Usage | None = None
     cost_micro_usd: Count = 0
 
 
@@ -441,6 +488,7 @@ AnyEvent = (
     | TurnStarted
     | TurnFoldedInto
     | StepDone
+    | ContextCompacted
     | TurnDone
     | TurnFailed
     | TurnInterrupted
@@ -468,6 +516,7 @@ CLASSIFICATION: Final[dict[type[Event], tuple[Class, Scope, Profile, bool]]] = {
     TurnStarted: (_E, Scope.LOOP, Profile.TURN, False),
     TurnFoldedInto: (_E, Scope.LOOP, Profile.TURN, False),
     StepDone: (_E, Scope.LOOP, Profile.STEP, False),
+    ContextCompacted: (_E, Scope.LOOP, Profile.STEP, False),
     TurnDone: (_E, Scope.LOOP, Profile.TURN, True),
     TurnFailed: (_E, Scope.LOOP, Profile.TURN, True),
     TurnInterrupted: (_E, Scope.LOOP, Profile.TURN, True),
@@ -542,6 +591,14 @@ def step_id_for(turn_id: str, step_index: int) -> str:
 def execution_id_for(step_id: str, tool_use_id: str) -> str:
     # (a step id is a canonical UUID, derived by step_id_for: its bytes without uuid.UUID's checks)
     return _uuid5(bytes.fromhex(step_id.replace("-", "")), tool_use_id)
+
+
+_COMPACTION_NS: Final = uuid.UUID("0c6f2d1e-5a8b-4f3c-9e7d-2b1a4c6e8f90")
+
+
+def compaction_id_for(loop_id: str, upto: int) -> str:
+    """The event id of a loop's compaction of its first ``upto`` messages (the same for every replica)."""
+    return _uuid5(_COMPACTION_NS.bytes, f"{loop_id}:{upto}")
 
 
 def new_id() -> str:

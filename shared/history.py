@@ -3,10 +3,11 @@
 Fold rules: ``TurnStarted`` appends its message, counts a turn and opens
 it; ``StepDone`` appends its messages in order; ``TurnFoldedInto`` appends its message; the three
 terminals close the turn and add nothing (TurnDone's message is already in the last StepDone);
-everything else leaves ``messages`` alone. Usage is summed from StepDone AIMessage usage only,
-never from TurnDone, so nothing is counted twice. Cost is summed from ``StepDone.cost_micro_usd``
-(per loop and per turn); the budget is LoopStarted's, replaced by each BudgetChanged and extended by
-each approved budget gate (``shared.budget.extended``, docs/budgets.md).
+everything else leaves ``messages`` alone. Usage is summed from StepDone AIMessage usage and a
+ContextCompacted's own, never from TurnDone, so nothing is counted twice. Cost is summed from
+``cost_micro_usd`` of the same two (per loop and per turn); the budget is LoopStarted's, replaced
+by each BudgetChanged and extended by each approved budget gate (``shared.budget.extended``,
+docs/budgets.md).
 
 ``replay`` reads the first 1,000 records with one Direct Get batch (no consumer: cheapest for a
 short history or a tail) and anything beyond (a long history, or live records with ``follow=True``)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from typing import Final, TypeVar
@@ -33,11 +35,22 @@ from nats.js import api
 from shared.budget import Figures, extended, seconds_between, total_tokens
 from shared.bus import JetStreamUnavailableError, direct_get_batch, get_msg, subjects
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
-from shared.content import UINT64_MAX, AIMessage, Message, Usage, clone, clone_messages, tool_uses
+from shared.content import (
+    UINT64_MAX,
+    AIMessage,
+    Message,
+    TextBlock,
+    Usage,
+    UserMessage,
+    clone,
+    clone_messages,
+    tool_uses,
+)
 from shared.errors import InvalidEventError, Rule, UsageOverflowError
 from shared.events import (
     Budget,
     BudgetChanged,
+    ContextCompacted,
     Event,
     Gate,
     GateOpened,
@@ -132,8 +145,20 @@ class LoopHistory(msgspec.Struct, kw_only=True):
     turn_costs: dict[int, int] = msgspec.field(default_factory=dict)
     budget: Budget = msgspec.field(default_factory=Budget)
     budget_base: Budget = msgspec.field(default_factory=Budget)
+    # The latest ContextCompacted (docs/context.md): ``messages`` keeps every message, ``model_messages``
+    # is what model requests send.
+    compaction: ContextCompacted | None = None
 
     # --- views
+
+    @property
+    def model_messages(self) -> list[Message]:
+        """The messages a model request is built from: the latest compaction's summary in place of
+        the messages it covers, then the messages after them (``messages`` itself when none)."""
+        c = self.compaction
+        if c is None:
+            return self.messages
+        return [compaction_message(c.summary), *self.messages[c.upto :]]
 
     @property
     def forming(self) -> bool:
@@ -214,18 +239,10 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             self.step_ids.add(event.step_id)
             head = msgs[0] if msgs else None
             usage = head.usage if isinstance(head, AIMessage) else None
-            if usage is not None:
-                self.usage = add_usage(self.usage, usage)
-            if event.cost_micro_usd:
-                self.cost_micro_usd += event.cost_micro_usd
+            self._spent(event.turn_id, usage, event.cost_micro_usd)
             t = self.open_turn
             if t is not None and t.turn_id == event.turn_id:
                 t.steps += 1
-                if event.cost_micro_usd:
-                    t.cost_micro_usd += event.cost_micro_usd
-                    self.turn_costs[t.turn_index] = t.cost_micro_usd
-                if usage is not None:
-                    t.usage = add_usage(t.usage, usage)
                 if len(msgs) > 1 and isinstance(head, AIMessage):
                     t.tool_iterations += 1
                     t.tool_calls += len(tool_uses(head))
@@ -269,6 +286,13 @@ class LoopHistory(msgspec.Struct, kw_only=True):
                 g.resolved_seq = seq
                 if g.gate.kind == "budget" and event.action == "approve":
                     self.budget = extended(self.budget, self.budget_base, self.figures(event.created_at))
+        elif isinstance(event, ContextCompacted):
+            # Only a compaction that continues the one before and covers folded messages counts: a
+            # repeat of a stored one (or a stale one) changes nothing.
+            done = self.compaction.upto if self.compaction is not None else 0
+            if event.previous_upto == done < event.upto <= len(self.messages):
+                self.compaction = cp(event)
+                self._spent(event.turn_id, event.usage, event.cost_micro_usd)
         elif isinstance(event, BudgetChanged):
             self.budget = cp(event.budget)
             self.budget_base = cp(event.budget)
@@ -286,6 +310,22 @@ class LoopHistory(msgspec.Struct, kw_only=True):
             self.forked = cp(event)
             self.forming_left = event.records
 
+    def _spent(self, turn_id: str, usage: Usage | None, cost_micro_usd: int) -> None:
+        """A model request's usage and cost (a step's, a compaction's), added to the loop and its open turn."""
+        t = self.open_turn
+        in_turn = t is not None and t.turn_id == turn_id
+        if usage is not None:
+            self.usage = add_usage(self.usage, usage)
+            if in_turn:
+                assert t is not None
+                t.usage = add_usage(t.usage, usage)
+        if cost_micro_usd:
+            self.cost_micro_usd += cost_micro_usd
+            if in_turn:
+                assert t is not None
+                t.cost_micro_usd += cost_micro_usd
+                self.turn_costs[t.turn_index] = t.cost_micro_usd
+
     def _consume(self, command_id: str) -> None:
         if not command_id:
             return
@@ -295,6 +335,16 @@ class LoopHistory(msgspec.Struct, kw_only=True):
     def copy(self) -> LoopHistory:
         """A deep, independent copy."""
         return msgspec.json.decode(msgspec.json.encode(self), type=LoopHistory)
+
+
+SUMMARY_PREFIX: Final = "[Summary of the earlier conversation, written to fit the context window]\n"
+
+
+@functools.lru_cache(maxsize=16)
+def compaction_message(summary: str) -> UserMessage:
+    """How a compaction's summary is sent to the model: a user message opening the conversation.
+    One object per summary (requests only read it), so a step's token counts can be cached by it."""
+    return UserMessage(blocks=[TextBlock(text=SUMMARY_PREFIX + summary)])
 
 
 def _clone(value: _T) -> _T:

@@ -72,6 +72,12 @@ BUDGET_STOPS: Final = Counter(
     ["limit", "outcome"],
     registry=REGISTRY,
 )
+CONTEXT_CLEARED_TOKENS: Final = Counter(
+    "loopwire_context_cleared_tokens",
+    "Input tokens a loop's context strategy kept out of model requests (docs/context.md), by strategy",
+    ["strategy"],
+    registry=REGISTRY,
+)
 TOOL_SECONDS: Final = Histogram(
     "loopwire_tool_call_duration_seconds",
     "One tool call, on the caller (model-step) and on the worker",

@@ -24,7 +24,7 @@ import msgspec
 from shared import strictjson
 from shared.content import UserMessage
 from shared.errors import ErrorKind, LoopwireError, Rule
-from shared.events import Budget, Limits, ParentRef, RetryPolicy
+from shared.events import Budget, ContextPolicy, Limits, ParentRef, RetryPolicy
 from shared.shaping import bounded_diagnostic
 from shared.wiretypes import (
     AnswerAction,
@@ -197,6 +197,7 @@ class StartRequest(_Wire):
     retries: dict[ToolName, RetryPolicy] | None = None
     parent: ParentRef | None = None  # a sub-agent's child loop: the parent's call
     budget: Budget | None = None
+    context: ContextPolicy | None = None
 
 
 class InputRequest(_Wire):

@@ -48,6 +48,11 @@ LW_STEP_ID: Final = "loopwire.step_id"
 LW_EXECUTION_ID: Final = "loopwire.tool_execution_id"
 LW_STREAM_SEQ: Final = "loopwire.stream_sequence"
 LW_ERROR_KIND: Final = "loopwire.error.kind"
+# The chat span's context management (docs/context.md): the request's counted input tokens, before
+# the loop's context strategy and as sent, and the tool results it cleared.
+LW_CONTEXT_TOKENS: Final = "loopwire.context.tokens"
+LW_CONTEXT_FULL_TOKENS: Final = "loopwire.context.full_tokens"
+LW_CONTEXT_CLEARED: Final = "loopwire.context.cleared_results"
 
 _tracer: Any = None
 

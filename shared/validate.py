@@ -332,6 +332,14 @@ def _turn_done(name: str, e: Event, strict: bool = True) -> None:
     # usage is deliberately not checked for consistency: a divergent count never loses a turn.
 
 
+def _context_compacted(name: str, e: Event, strict: bool = True) -> None:
+    assert isinstance(e, ev.ContextCompacted)
+    if e.previous_upto >= e.upto:  # a summary covers more than the one before it
+        raise _fail(name, "upto", Rule.INVALID)
+    if not e.summary.strip():
+        raise _fail(name, "summary", Rule.REQUIRED)
+
+
 def _turn_failed(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnFailed)
     _turn_index(name, e.turn_index)
@@ -448,6 +456,7 @@ _BODY_RULES: Final = {
     ev.TurnStarted: _turn_started,
     ev.TurnFoldedInto: _turn_started,
     ev.StepDone: _step_done,
+    ev.ContextCompacted: _context_compacted,
     ev.TurnDone: _turn_done,
     ev.TurnFailed: _turn_failed,
     ev.TurnInterrupted: _turn_interrupted,

@@ -146,7 +146,9 @@ Seq = Annotated[int, Meta(ge=0, le=INT64_MAX, title="Seq", description="A histor
 # Each is a Literal (string values in code, an enum in the schema) with a title naming its definition.
 
 _PolicyEffect = Literal["allow", "deny", "ask"]
-_TurnFailedKind = Literal["empty_response", "tool_limit", "model_error", "turn_panic", "unknown", "budget"]
+_TurnFailedKind = Literal[
+    "empty_response", "tool_limit", "model_error", "turn_panic", "unknown", "budget", "context_overflow"
+]
 _GateKind = Literal["permission", "user_input", "budget"]
 _GateAction = Literal["approve", "approve_always", "deny", "reply", "abandoned"]
 _AnswerAction = Literal["approve", "approve_always", "deny", "reply"]
@@ -160,6 +162,7 @@ _RetryOutcome = Literal["crashed", "unavailable", "timeout"]
 _GateReason = Literal["", "outcome_unknown", "fork_rerun"]
 _Reexecution = Literal["reuse", "rerun", "ask"]
 _OnBudget = Literal["fail", "ask"]
+_ContextStrategy = Literal["none", "clear_tool_results", "compact"]
 
 
 PolicyEffect = Annotated[_PolicyEffect, Meta(title="PolicyEffect", description="LoopStarted policy values.")]
@@ -186,6 +189,10 @@ Reexecution = Annotated[
 OnBudget = Annotated[
     _OnBudget, Meta(title="OnBudget", description="Budget.on_budget: a spent budget fails the turn or asks")
 ]
+ContextStrategy = Annotated[
+    _ContextStrategy,
+    Meta(title="ContextStrategy", description="ContextPolicy.strategy: how requests fit the window"),
+]
 
 POLICY_EFFECTS: Final[tuple[str, ...]] = get_args(_PolicyEffect)
 # The policy effects by name, typed by the vocabulary (a misspelling fails the type check).
@@ -207,3 +214,4 @@ RETRYABLE_OUTCOMES: Final[tuple[str, ...]] = get_args(_RetryOutcome)
 GATE_REASONS: Final[tuple[str, ...]] = get_args(_GateReason)
 REEXECUTIONS: Final[tuple[str, ...]] = get_args(_Reexecution)
 ON_BUDGET_OUTCOMES: Final[tuple[str, ...]] = get_args(_OnBudget)
+CONTEXT_STRATEGIES: Final[tuple[str, ...]] = get_args(_ContextStrategy)

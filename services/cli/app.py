@@ -62,7 +62,7 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
-    from services.cli import budgetcmd, budgets, commands, forks
+    from services.cli import budgetcmd, budgets, commands, contextopts, forks
 
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
     parser = argparse.ArgumentParser(
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
     budgets.add_budget_options(p)
+    contextopts.add_context_options(p)
     _json_option(p)
     p.set_defaults(handler=ClientCommand(commands.cmd_start))
 

@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services.cli.budgets import budget_from_args, budget_gate_text, budget_json
+from services.cli.contextopts import context_from_args
 from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import close_quietly, raise_single
@@ -363,6 +364,7 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
             on_unknown=args.on_unknown,
             retries=parse_retries(args.retry or []) or None,
             budget=budget_from_args(args, None),
+            context=context_from_args(args),
         )
     if args.json:
         out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id}))

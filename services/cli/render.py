@@ -11,6 +11,7 @@ from shared.codec import encode_live
 from shared.content import AIMessage, Message, ToolResultMessage, UserMessage, text_of, tool_uses
 from shared.events import (
     BudgetChanged,
+    ContextCompacted,
     Event,
     GateOpened,
     GateResolved,
@@ -102,6 +103,12 @@ def describe(event: Event, *, limit: int = ONE_LINE, multiline: bool = False) ->
         return f"user: {clip(text_of(event.message), limit)}"
     if isinstance(event, TurnStarted | TurnFoldedInto):
         return f"turn {event.turn_index}: {clip(text_of(event.message), limit)}"
+    if isinstance(event, ContextCompacted):
+        head = (
+            f"context compacted: messages 1-{event.upto} summarised by {event.model or '(the loop model)'}, "
+            f"{event.tokens_before} → {event.tokens_after} tokens"
+        )
+        return head + "\n" + event.summary if multiline else clip(f"{head}: {event.summary}", limit * 2)
     if isinstance(event, StepDone):
         lines = [line for m in event.messages for line in message_lines(m, limit)]
         return "\n".join(lines) if multiline else clip(" | ".join(s.strip() for s in lines), limit * 2)

@@ -33,6 +33,7 @@ from shared.events import (
     Budget,
     BudgetChanged,
     Cause,
+    ContextPolicy,
     Event,
     GateResolved,
     InputSubmitted,
@@ -43,6 +44,7 @@ from shared.events import (
     now_rfc3339,
 )
 from shared.history import LoopHistory, load
+from shared.modelspec import spec_problem
 from shared.pricing import price_of
 from shared.protocol import (
     REQUEST_TYPES,
@@ -372,8 +374,10 @@ class LoopApi:
             retries=dict(req.retries or {}),
             parent=req.parent,
             budget=req.budget if req.budget is not None else Budget(),
+            context=req.context if req.context is not None else ContextPolicy(),
         )
         _check_budget(e.budget, e.model)
+        _check_context(e.context, e.limits)
         _check(e)
         return e
 
@@ -532,6 +536,35 @@ def _check_budget(budget: Budget, model: str) -> None:
             f"model {model!r} has no price in the price table: a loop with max_cost_usd needs one "
             "(docs/budgets.md); set no cost limit, or use a priced model",
             field="budget",
+        )
+
+
+# A window below this holds hardly a system prompt and a reply: a typo (16 for 16k), not a model.
+MIN_CONTEXT_WINDOW: Final = 1_024
+MAX_CONTEXT_WINDOW: Final = 100_000_000
+
+
+def _check_context(policy: ContextPolicy, limits: Limits) -> None:
+    """A context policy a loop can follow (docs/context.md)."""
+    if policy.window and not MIN_CONTEXT_WINDOW <= policy.window <= MAX_CONTEXT_WINDOW:
+        raise WireError(
+            ErrorKind.INVALID,
+            f"context.window must be 0 (the model's) or {MIN_CONTEXT_WINDOW} to {MAX_CONTEXT_WINDOW} tokens",
+            field="context",
+        )
+    if policy.window and limits.max_tokens >= policy.window:
+        raise WireError(
+            ErrorKind.INVALID,
+            f"limits.max_tokens ({limits.max_tokens}) leaves no room for input in context.window ({policy.window})",
+            field="context",
+        )
+    if policy.model and (problem := spec_problem(policy.model)):
+        raise WireError(ErrorKind.INVALID, f"context.model: {problem}", field="context")
+    if policy.strategy == "none" and (policy.trigger or policy.clear_at_least or policy.exclude_tools):
+        raise WireError(
+            ErrorKind.INVALID,
+            "context.trigger, clear_at_least and exclude_tools need a strategy (clear_tool_results or compact)",
+            field="context",
         )
 
 

@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from services.lifecycle import raise_single
-from services.model_step import forkcalls, tracing
+from services.model_step import context, forkcalls, tracing
 from services.model_step.budget import FAIL, Verdict, budget_verdict
 from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
@@ -56,19 +56,19 @@ from services.tools.client import outcome_of
 from services.tools.executor import caller_span
 from services.tools.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
-from shared import metrics, shaping, telemetry
+from shared import metrics, shaping, telemetry, tokens
 from shared.backoff import Backoff
 from shared.bus import is_gone
 from shared.client import CommitClient
 from shared.codec import decode_live
 from shared.connection import subscribe_quick
-from shared.content import AIMessage, Message, ToolResultMessage, clone
+from shared.content import AIMessage, Message, ToolResultMessage, clone, text_of
 from shared.errors import CommitRefused as CommitRefused
 from shared.errors import LoopwireError
 from shared.errors import StepAbandoned as StepAbandoned
 from shared.events import Cause, Event, make, new_id, now_rfc3339
-from shared.history import GateState, LoopHistory, OpenTurn, add_usage, load
-from shared.modelspec import model_id
+from shared.history import GateState, LoopHistory, OpenTurn, add_usage, compaction_message, load
+from shared.modelspec import context_window, model_id
 from shared.pricing import price_of, step_cost_micro_usd
 from shared.protocol import ConflictError, RemoteError, UnavailableError
 from shared.results import DONE, ResultStore, StepPlan, args_digest
@@ -115,6 +115,8 @@ class LoopDriver:
     # Per forked loop being driven: the source's recorded results after the fork point, and its fold.
     _fork_sources: dict[str, forkcalls.SourceView] = field(default_factory=dict)
     _source_folds: dict[str, LoopHistory] = field(default_factory=dict)
+    # Per loop being driven: its messages' token counts (services.model_step.context).
+    _token_memos: dict[str, context.Memo] = field(default_factory=dict)
     # Sends the loops' live events in frames. The service shares it with its executor and runs its
     # clock for its lifetime (otherwise each drive runs the clock for itself).
     live: InitVar[LiveOutbox | None] = None
@@ -215,6 +217,7 @@ class LoopDriver:
             self._foreign.pop(loop_id, None)
             self._fork_sources.pop(loop_id, None)
             self._source_folds.pop(loop_id, None)
+            self._token_memos.pop(loop_id, None)
         return h
 
     async def open_turn_trace(self, loop_id: str) -> str:
@@ -431,6 +434,85 @@ class LoopDriver:
         tracing.gate_event("gate.opened", gate_id, "budget", verdict.limits[0])
         await self._commit(h, lambda _cur: [opened])
 
+    async def _compact(
+        self, h: LoopHistory, t: OpenTurn, step_id: str, fitted: context.Fitted, step: ModelRequest
+    ) -> bool:
+        """Have the model summarise the older messages and commit it (ContextCompacted); False when
+        nothing is left to summarise. A failed summary fails the turn (and returns True).
+
+        A model-step stopped meanwhile committed nothing: whoever runs the step next compacts the
+        same messages again (the range depends only on the history). Two replicas cannot both
+        commit one: the commit is fenced by the sequence the step was read at, and its event id is
+        derived from the range, so an unanswered retry that was stored is a duplicate.
+        """
+        assert h.config is not None
+        policy = h.config.context
+        spec = policy.model or h.config.model or self.settings.model
+        loop_spec = h.config.model or self.settings.model
+        count = tokens.text_counter(loop_spec)
+        memo = self._token_memos.setdefault(h.loop_id, {})
+        fixed = context.fixed_tokens(step.system, step.tools, count)
+        c = h.compaction
+        previous = (c.upto, compaction_message(c.summary)) if c is not None else None
+        window = policy.window or context_window(loop_spec)
+        plan = context.plan_compaction(h.messages, previous, fixed, window, fitted, count, memo)
+        if plan is None:
+            return False
+        try:
+            model = self.models(spec)
+        except ModelError as e:
+            await self._fail_turn(h, "model_error", f"compaction: {e}")
+            return True
+        request = ModelRequest(
+            model=model.model,
+            system=context.COMPACT_SYSTEM,
+            messages=plan.messages,
+            max_tokens=plan.max_tokens,
+            compaction=True,
+        )
+        guard = self._guards.get(h.loop_id)
+        if guard is not None:
+            guard.check()
+        acc = StreamAccumulator()
+        try:
+            async for chunk in model.stream(request):
+                if guard is not None and not guard.held:
+                    guard.check()
+                acc.add(chunk)
+        except ModelError as e:
+            await self._fail_turn(h, "model_error", f"compaction: the model failed: {e}")
+            return True
+        summary = text_of(acc.message()).strip()
+        if not summary:
+            await self._fail_turn(h, "empty_response", "compaction: the model returned an empty summary")
+            return True
+        after = plan.tail_tokens + tokens.message_tokens(compaction_message(summary), count)
+        usage = acc.message().usage
+        cost = step_cost_micro_usd(price_of(spec), usage) if usage is not None else 0
+        event = ev.ContextCompacted(
+            loop_id=h.loop_id,
+            turn_id=t.turn_id,
+            step_id=step_id,
+            upto=plan.upto,
+            previous_upto=plan.previous_upto,
+            summary=summary,
+            tokens_before=plan.tokens_before,
+            tokens_after=after,
+            model=spec,
+            usage=usage,
+            cost_micro_usd=cost,
+            event_id=ev.compaction_id_for(h.loop_id, plan.upto),
+            created_at=now_rfc3339(),
+        )
+
+        def build(cur: LoopHistory) -> list[Event] | None:
+            done = cur.compaction.upto if cur.compaction is not None else 0
+            return None if done != plan.previous_upto else [event]
+
+        await self._commit(h, build)
+        tracing.chat_context(None, context.COMPACT, after, plan.tokens_before, 0)
+        return True
+
     # --- one step ---------------------------------------------------------------------------------
 
     async def _run_step(self, h: LoopHistory) -> None:
@@ -458,10 +540,30 @@ class LoopDriver:
         request = ModelRequest(
             model=model.model,
             system=h.config.system,
-            messages=list(h.messages),  # the fold's own messages: adapters only read them
+            messages=list(h.model_messages),  # the fold's own messages: adapters only read them
             tools=self._tool_defs(h),
             max_tokens=h.config.limits.max_tokens,
         )
+        fitted = context.fit_request(
+            h.config.model or self.settings.model,
+            h.config.context,
+            request.system,
+            request.tools,
+            request.messages,
+            request.max_tokens,
+            self._token_memos.setdefault(h.loop_id, {}),
+        )
+        if fitted is not None:
+            if context.wants_compaction(h.config.context, fitted) and await self._compact(
+                h, t, step_id, fitted, request
+            ):
+                return  # committed: the step runs again from the compacted history
+            if fitted.overflow:
+                await self._fail_turn(h, "context_overflow", context.overflow_message(fitted))
+                return
+            request.messages = fitted.messages
+            if h.compaction is not None:
+                request.summarised = list(map(type, h.messages[: h.compaction.upto])).count(AIMessage)
         acc = StreamAccumulator()
         guard = self._guards.get(h.loop_id)
         if guard is not None:
@@ -477,6 +579,10 @@ class LoopDriver:
         live = self.outbox
         try:
             with chat as chat_span:
+                if fitted is not None:
+                    tracing.chat_context(
+                        chat_span, h.config.context.strategy, fitted.tokens, fitted.full_tokens, fitted.cleared
+                    )
                 async for chunk in model.stream(request):
                     if guard is not None and not guard.held:
                         guard.check()

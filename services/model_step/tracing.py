@@ -196,6 +196,16 @@ def _chat(model: str, provider: str, h: LoopHistory, step_id: str) -> Iterator[A
         metrics.observe(metrics.MODEL_SECONDS, time.perf_counter() - started, model)
 
 
+def chat_context(span: Any, strategy: str, tokens: int, full_tokens: int, cleared: int) -> None:
+    """Record what the loop's context strategy did to a request on its chat span (if any) and in the metrics."""
+    if full_tokens > tokens:
+        metrics.inc(metrics.CONTEXT_CLEARED_TOKENS, strategy, amount=full_tokens - tokens)
+    if telemetry.ENABLED and span is not None:
+        span.set_attribute(telemetry.LW_CONTEXT_TOKENS, tokens)
+        span.set_attribute(telemetry.LW_CONTEXT_FULL_TOKENS, full_tokens)
+        span.set_attribute(telemetry.LW_CONTEXT_CLEARED, cleared)
+
+
 def chat_result(span: Any, model: str, acc: StreamAccumulator) -> None:
     """Record a model response's usage and finish reason on its span and in the token metrics."""
     if not (telemetry.ENABLED or metrics.ENABLED):

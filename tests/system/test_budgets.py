@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 from nats.aio.client import Client as NATS
@@ -185,11 +184,7 @@ async def test_the_readme_budget_example_runs(settings: Settings, nc: NATS, tmp_
     assert (ROOT / "examples" / "budget_loop.py").read_text() == BUDGET_EXAMPLE
     with system(settings, tools=("calculator",)):
         example = Example(tmp_path, "budget_loop", BUDGET_EXAMPLE, settings, "what is 17*23")
-        try:
-            code = await anyio.to_thread.run_sync(lambda: example.proc.wait(timeout=60))
-            out = example.output()
-        finally:
-            example.kill()
+        code, out = await example.finish(60)
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == "failed budget: budget exhausted: max_steps_per_turn 1/1 steps", out

@@ -87,6 +87,14 @@ class Example:
         self._out.flush()
         return self.out_path.read_text()
 
+    async def finish(self, timeout: float) -> tuple[int, str]:
+        """Wait for the example to exit by itself (killed after ``timeout``): its exit code and output."""
+        try:
+            code = await anyio.to_thread.run_sync(lambda: self.proc.wait(timeout=timeout))
+            return code, self.output()
+        finally:
+            self.kill()
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ import pytest
 
 from services.committer.api import _derived_id
 from services.model_step.steps import execution_id_for, step_id_for
+from shared.events import compaction_id_for
 from shared.validate import is_uuid
 
 PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -31,7 +32,13 @@ def _from_doc(formula: str, **values: object) -> str:
 
 
 def test_the_doc_states_every_derivation() -> None:
-    assert set(_formulas()) == {"step_id", "tool_execution_id", "api_event_id"}
+    assert set(_formulas()) == {"step_id", "tool_execution_id", "api_event_id", "compaction_id"}
+
+
+@pytest.mark.parametrize("upto", [1, 12, 4_000])
+def test_compaction_id(upto: int) -> None:
+    loop_id = str(uuid.uuid4())
+    assert _from_doc("compaction_id", loop_id=loop_id, upto=upto) == compaction_id_for(loop_id, upto)
 
 
 @pytest.mark.parametrize("step_index", [0, 1, 7, 123])

@@ -39,7 +39,7 @@ TERMINALS = {ev.TurnDone, ev.TurnFailed, ev.TurnInterrupted}
 PROFILES = {
     Profile.LOOP: {ev.LoopStarted, ev.LoopForked, ev.InputSubmitted, ev.LoopIdle, ev.LoopClosed, ev.BudgetChanged},
     Profile.TURN: {ev.TurnStarted, ev.TurnFoldedInto, ev.TurnDone, ev.TurnFailed, ev.TurnInterrupted},
-    Profile.STEP: {ev.StepDone, ev.TokenDelta},
+    Profile.STEP: {ev.StepDone, ev.ContextCompacted, ev.TokenDelta},
     Profile.TOOL: {
         ev.PermissionRequested,
         ev.PermissionDecided,
@@ -62,7 +62,7 @@ def _all_subclasses(cls: type) -> set[type]:
 def test_every_event_subclass_is_classified() -> None:
     defined = {c for c in _all_subclasses(ev.Event) if c.__module__ == ev.__name__}
     assert defined == set(CLASSIFICATION)
-    assert len(CLASSIFICATION) == 21
+    assert len(CLASSIFICATION) == 22
 
 
 def test_the_any_event_union_lists_every_type() -> None:

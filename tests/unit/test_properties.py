@@ -177,6 +177,17 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ev.TurnStarted: st.fixed_dictionaries({"turn_index": turn_index, "message": user_messages}),
     ev.TurnFoldedInto: st.fixed_dictionaries({"turn_index": turn_index, "message": user_messages}),
     ev.StepDone: st.fixed_dictionaries({"messages": step_groups()}),
+    ev.ContextCompacted: st.integers(1, 10_000).flatmap(
+        lambda upto: st.fixed_dictionaries(
+            {
+                "upto": st.just(upto),
+                "previous_upto": st.integers(0, upto - 1),
+                "summary": st.text(min_size=1).filter(str.strip),
+                "tokens_before": st.integers(0, 2**40),
+                "tokens_after": st.integers(0, 2**40),
+            }
+        )
+    ),
     ev.TurnDone: st.fixed_dictionaries(
         {"turn_index": turn_index, "message": st.none() | ai_messages(), "usage": usages}
     ),

@@ -83,6 +83,7 @@ _BODIES: dict[type[ev.Event], Callable[[], dict[str, Any]]] = {
     ev.TurnStarted: lambda: {"turn_index": 1, "message": user_text("hi"), "cause": ev.Cause(command_id=CMD)},
     ev.TurnFoldedInto: lambda: {"turn_index": 1, "message": user_text("more"), "cause": ev.Cause(command_id=CMD)},
     ev.StepDone: lambda: {"messages": [ai_with_tools("t1"), tool_result("t1", "3")]},
+    ev.ContextCompacted: lambda: {"upto": 4, "summary": "read a.txt", "tokens_before": 900, "tokens_after": 200},
     ev.TurnDone: lambda: {"turn_index": 1, "message": ai_text("3"), "usage": Usage(input_tokens=5)},
     ev.TurnFailed: lambda: {"turn_index": 1, "err": ev.TurnError(kind="tool_limit", message="too many")},
     ev.TurnInterrupted: lambda: {"turn_index": 1, "reason": "interrupt"},

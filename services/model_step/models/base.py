@@ -101,6 +101,10 @@ class ModelRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tools: list[ToolDef] = msgspec.field(default_factory=list)
     max_tokens: int = 0
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    # Context compaction (docs/context.md): a request for a summary of the conversation, and, in a
+    # step's request, how many assistant messages of the history an earlier summary stands for.
+    compaction: bool = False
+    summarised: int = 0
 
 
 class Model(Protocol):

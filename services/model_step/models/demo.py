@@ -18,7 +18,8 @@ kv_memory, read_file; several calls of one tool in text order):
   the first quoted text, else the words after the tool's name; number fields the numbers in order).
 
 Only tools present in the request are used. Once results arrive it answers in text composed
-from them. Every text it writes starts with ``[demo model — not an LLM]``. Tool-use ids are
+from them. A compaction request (docs/context.md) gets a summary listing the user's words.
+Every text it writes starts with ``[demo model — not an LLM]``. Tool-use ids are
 ``toolu_demo_<n>``, numbered by position in the loop's history, so a re-run of the same step
 produces the same ids. Output is streamed in several chunks (arguments split across fragments)
 with word-count "usage".
@@ -34,7 +35,7 @@ from typing import Any, Final
 import anyio
 
 from services.model_step.models.base import FINISH_END_TURN, FINISH_TOOL_USE, ModelChunk, ModelRequest
-from shared.content import AIMessage, ToolResultMessage, ToolUseBlock, Usage, UserMessage, text_of
+from shared.content import AIMessage, Message, ToolResultMessage, ToolUseBlock, Usage, UserMessage, text_of
 
 LABEL: Final = "[demo model — not an LLM]"
 TOOL_ORDER: Final = ("calculator", "clock", "kv_memory", "read_file")
@@ -261,6 +262,8 @@ def _result_line(call: ToolUseBlock | None, result: ToolResultMessage) -> str:
 def respond(request: ModelRequest) -> list[ModelChunk]:
     """The whole response to a request, as the chunks to stream (pure and deterministic)."""
     messages = request.messages
+    if request.compaction:
+        return _answer(_summary(messages[:-1]), _request_words(request))
     last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
     since = messages[last_user + 1 :]
     results = [m for m in since if isinstance(m, ToolResultMessage)]
@@ -302,6 +305,14 @@ def respond(request: ModelRequest) -> list[ModelChunk]:
     chunks.append(ModelChunk(kind="usage", usage=Usage(input_tokens=in_words, output_tokens=out_words)))
     chunks.append(ModelChunk(kind="finish", finish_reason=FINISH_TOOL_USE))
     return chunks
+
+
+def _summary(messages: list[Message]) -> str:
+    """A compaction request's answer: the user's words, each clipped, the latest last (the
+    instruction, the request's last message, is left out by the caller)."""
+    asked = [" ".join(text_of(m).split())[:80] for m in messages if isinstance(m, UserMessage)]
+    text = f"{LABEL} Summary of {len(messages)} messages. The user wrote: " + " | ".join(asked)
+    return text if len(text) <= 600 else text[:300] + " … " + text[-290:]
 
 
 def _answer(text: str, in_words: int) -> list[ModelChunk]:

@@ -4,6 +4,10 @@ A script is either a list of responses, or an object::
 
     {"responses": [...],                  # played by position (below)
      "repeat_last": false,                # past the end: replay the last response (else an error)
+     "report_input_tokens": false,        # end each response with a usage chunk: the request's
+                                          # input tokens as counted for a window (docs/context.md)
+     "summary": "...",                    # the response to a compaction request (a summary);
+                                          # default: a text naming how many messages it covers
      "by_first_user_text": {"hi": [...]}} # per loop: responses chosen by the first user message's text
 
 A response is a list of items, or a string (shorthand for one text chunk + finish ``end_turn``).
@@ -15,16 +19,16 @@ finish_reason; ``{k}`` in an id becomes the response position) or a directive:
 * ``{"sleep": seconds}`` — pause between chunks (without one, a response's chunks come at once);
 * ``{"hang": true}`` — never continue (until cancelled).
 
-Position: the k-th call (k = number of assistant messages in the request's history, from 0)
-plays response k. It depends only on the committed history, so a model-step replica that crashes
-and re-runs a step replays the same response. Scripts are JSON; YAML is read only when PyYAML is
-installed (it is not a dependency).
+Position: the k-th call (k = number of assistant messages in the request's history, from 0, with
+those a compaction summary stands for) plays response k. It depends only on the committed
+history, so a model-step replica that crashes and re-runs a step replays the same response.
+Scripts are JSON; YAML is read only when PyYAML is installed (it is not a dependency).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,9 +36,11 @@ import anyio
 import anyio.lowlevel
 import msgspec
 
+from services.model_step.context import fixed_tokens
 from services.model_step.models.base import CHUNK_KINDS, FINISH_END_TURN, ModelChunk, ModelRequest
 from services.model_step.models.errors import ModelError, ModelStreamError, ModelUnavailableError
-from shared.content import AIMessage, UserMessage, text_of
+from shared.content import AIMessage, Usage, UserMessage, text_of
+from shared.tokens import TextCounter, message_tokens, text_counter
 
 DIRECTIVES: Final = ("error", "unavailable", "sleep", "hang")
 
@@ -99,6 +105,8 @@ class Script(msgspec.Struct, frozen=True):
     responses: list[Response]
     repeat_last: bool = False
     by_first_user_text: dict[str, list[Response]] = msgspec.field(default_factory=dict)
+    report_input_tokens: bool = False
+    summary: Response | None = None
 
     @classmethod
     def parse(cls, data: object, where: str = "script") -> Script:
@@ -106,12 +114,15 @@ class Script(msgspec.Struct, frozen=True):
             return cls(_responses(data, where))
         if not isinstance(data, dict):
             raise ScriptError(f"{where}: a script is a list of responses or an object with 'responses'")
-        unknown = set(data) - {"responses", "repeat_last", "by_first_user_text"}
+        unknown = set(data) - {"responses", "repeat_last", "by_first_user_text", "report_input_tokens", "summary"}
         if unknown:
             raise ScriptError(f"{where}: unknown keys {sorted(unknown)}")
         repeat = data.get("repeat_last", False)
         if not isinstance(repeat, bool):
             raise ScriptError(f"{where}: repeat_last must be true or false")
+        report = data.get("report_input_tokens", False)
+        if not isinstance(report, bool):
+            raise ScriptError(f"{where}: report_input_tokens must be true or false")
         keyed = data.get("by_first_user_text", {})
         if not isinstance(keyed, dict):
             raise ScriptError(f"{where}: by_first_user_text must be an object")
@@ -119,6 +130,8 @@ class Script(msgspec.Struct, frozen=True):
             responses=_responses(data.get("responses", []), where),
             repeat_last=repeat,
             by_first_user_text={k: _responses(v, f"{where} [{k[:40]!r}]") for k, v in keyed.items()},
+            report_input_tokens=report,
+            summary=_response(data["summary"], f"{where} summary") if "summary" in data else None,
         )
 
 
@@ -149,7 +162,7 @@ def load_script(path: str | Path) -> Script:
 def position(request: ModelRequest) -> int:
     """k: how many assistant messages the history holds (the k-th call plays response k)."""
     # Counting types in C: a 500-step loop's request holds 1,000 messages, counted at every step.
-    return list(map(type, request.messages)).count(AIMessage)
+    return list(map(type, request.messages)).count(AIMessage) + request.summarised
 
 
 class ScriptedModel:
@@ -200,12 +213,17 @@ class ScriptedModel:
             ]
         return filled
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        k = position(request)
+    def summary_for(self, request: ModelRequest) -> Response:
+        """The response to a compaction request: the script's ``summary``, or a text saying what it covers."""
+        if self.script.summary is not None:
+            return self.script.summary
+        return _response(f"Summary of {len(request.messages) - 1} messages.", "summary")
+
+    async def _play(self, items: Iterable[Item]) -> AsyncIterator[ModelChunk]:
         # Chunks scripted back to back arrive at once, without yielding to the event loop: an
         # instant model, like the peers' in the benchmark (a pause, and a chance for cancellation
         # to land, is an explicit sleep or hang).
-        for item in self._filled_in(self.response_for(request, k), k):
+        for item in items:
             if isinstance(item, ModelChunk):
                 yield item
             elif item.name == "sleep":
@@ -216,3 +234,20 @@ class ScriptedModel:
                 raise ModelStreamError(f"{self.name}: {item.value}")
             else:
                 raise ModelUnavailableError(f"{self.name}: {item.value}")
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        if request.compaction:
+            async for chunk in self._play(self.summary_for(request)):
+                yield chunk
+            return
+        k = position(request)
+        async for chunk in self._play(self._filled_in(self.response_for(request, k), k)):
+            yield chunk
+        if self.script.report_input_tokens:
+            yield ModelChunk(kind="usage", usage=Usage(input_tokens=input_tokens(request, text_counter(self.name))))
+
+
+def input_tokens(request: ModelRequest, count: TextCounter) -> int:
+    """The request's input tokens as the model receives it (shared/tokens.py)."""
+    fixed = fixed_tokens(request.system, request.tools, count)
+    return fixed + sum(message_tokens(m, count) for m in request.messages)
