@@ -373,6 +373,14 @@ function renderEvent(rec, loopId) {
     body.push(el("div", { text: `gate ${short(e.gate_id)}: ${e.action}${e.resolver ? ` by ${e.resolver}` : ""}${extra ? `: ${extra}` : ""}` }));
   } else if (t === "PermissionDecided") {
     cls += " quiet"; body.push(el("div", { text: `${e.tool_name}: ${e.effect} (${e.reason})` }));
+  } else if (t === "ContextCompacted") {
+    cls += " quiet";
+    body.push(el("div", { text: `context compacted: messages 1-${e.upto} summarised by ${modelId(e.model) || "the loop's model"}, ${e.tokens_before || 0} → ${e.tokens_after || 0} tokens` }));
+    body.push(el("details", {}, el("summary", { text: "summary" }), el("pre", { class: "result", text: e.summary })));
+  } else if (t === "BudgetChanged") {
+    cls += " quiet";
+    const limits = Object.entries(e.budget || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+    body.push(el("div", { text: `budget changed: ${limits || "unlimited"}` }));
   } else if (t === "LoopIdle") {
     cls += " quiet";
   } else if (t === "LoopClosed") {
