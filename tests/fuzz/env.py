@@ -467,6 +467,10 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
         ],
         "interrupt": [{"command_id": new()}],
         "close": [{"command_id": new()}],
+        "budget": [
+            {"command_id": new(), "budget": {"max_total_tokens": 1000, "on_budget": "ask"}},
+            {"command_id": new(), "budget": {"max_steps_per_turn": 3, "max_turn_seconds": 1.5}},
+        ],
     }
     tool_args: dict[str, list[dict[str, Any]]] = {
         "calculator": [{"expression": "1+2*(3-4)/5"}, {"expression": "2**10 % 7"}],
