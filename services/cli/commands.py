@@ -548,6 +548,9 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
                         "open_gates": [g.gate.id for g in h.open_gates],
                         "parent": h.forked.source_loop_id if h.forked else None,
                         "forked_at": h.forked.source_seq if h.forked else None,
+                        # A sub-agent's child loop: the loop and tool whose call runs it.
+                        "agent_parent": h.config.parent.loop_id if h.config and h.config.parent else None,
+                        "agent_tool": h.config.parent.tool_name if h.config and h.config.parent else None,
                         **budget_json(h),
                     }
                 )

@@ -177,6 +177,14 @@ async def test_the_parent_gets_the_child_s_answer_and_sees_its_progress(
         out = _cli(s, "lineage", child, "--json")
         rows = [json.loads(line) for line in out.splitlines()]
         assert [(r["loop_id"], r["depth"], r.get("link")) for r in rows] == [(parent, 0, None), (child, 1, "child")]
+        # loops --json names each child's parent loop and agent tool (a fork's source stays "parent").
+        loops = {r["loop_id"]: r for r in map(json.loads, _cli(s, "loops", "--json").splitlines())}
+        assert (loops[child]["agent_parent"], loops[child]["agent_tool"], loops[child]["parent"]) == (
+            parent,
+            "researcher",
+            None,
+        )
+        assert loops[parent]["agent_parent"] is None
 
 
 async def test_interrupting_the_parent_interrupts_and_closes_the_child(
