@@ -16,7 +16,7 @@ from shared.content import Usage
 from shared.events import Budget
 from shared.pricing import usd, usd_to_micro
 
-__all__ = ["LIMITS", "BudgetLimit", "Figures", "exhausted", "extended", "seconds_between", "total_tokens"]
+__all__ = ["LIMITS", "BudgetLimit", "Figures", "exhausted", "extended", "limited", "seconds_between", "total_tokens"]
 
 BudgetLimit = Literal["max_total_tokens", "max_cost_usd", "max_steps_per_turn", "max_turn_seconds"]
 LIMITS: Final[tuple[BudgetLimit, ...]] = ("max_total_tokens", "max_cost_usd", "max_steps_per_turn", "max_turn_seconds")
@@ -57,6 +57,11 @@ def _spent(budget: Budget, f: Figures, limit: BudgetLimit) -> tuple[float, float
     if limit == "max_steps_per_turn":
         return f.steps, budget.max_steps_per_turn
     return f.turn_seconds, budget.max_turn_seconds
+
+
+def limited(budget: Budget) -> bool:
+    """Whether the budget sets any limit (one that sets none is never exhausted)."""
+    return bool(budget.max_total_tokens or budget.max_cost_usd or budget.max_steps_per_turn or budget.max_turn_seconds)
 
 
 def exhausted(budget: Budget, f: Figures) -> list[BudgetLimit]:

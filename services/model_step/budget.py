@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from shared.budget import BudgetLimit, Figures, exhausted
+from shared.budget import BudgetLimit, Figures, exhausted, limited
 from shared.events import Budget, step_id_for
 from shared.history import GateState, LoopHistory
 from shared.pricing import usd
@@ -66,9 +66,10 @@ def budget_verdict(h: LoopHistory, now: str) -> Verdict:
     denied; else ``ask`` (a budget gate; an approved one has extended the budget in the fold, so
     ``ask`` again means the extension was not enough, e.g. after a lower ``budget`` command).
     """
-    if h.config is None or h.open_turn is None:
-        return Verdict(GO)
     budget = h.budget
+    # Most loops set no budget: they skip the figures (the turn's wall time parses two timestamps).
+    if h.config is None or h.open_turn is None or not limited(budget):
+        return Verdict(GO)
     f = h.figures(now)
     limits = tuple(exhausted(budget, f))
     if not limits:

@@ -447,8 +447,8 @@ class LoopDriver:
         """
         assert h.config is not None
         policy = h.config.context
-        spec = policy.model or h.config.model or self.settings.model
-        loop_spec = h.config.model or self.settings.model
+        loop_spec = self._model_spec(h)
+        spec = policy.model or loop_spec
         count = tokens.text_counter(loop_spec)
         memo = self._token_memos.setdefault(h.loop_id, {})
         fixed = context.fixed_tokens(step.system, step.tools, count)
@@ -532,8 +532,9 @@ class LoopDriver:
         if verdict.action != "go":
             await self._budget_stop(h, t, step_id, verdict)
             return
+        spec = self._model_spec(h)
         try:
-            model = self.models(h.config.model or self.settings.model)
+            model = self.models(spec)
         except ModelError as e:
             await self._fail_turn(h, "model_error", str(e))
             return
@@ -545,7 +546,7 @@ class LoopDriver:
             max_tokens=h.config.limits.max_tokens,
         )
         fitted = context.fit_request(
-            h.config.model or self.settings.model,
+            spec,
             h.config.context,
             request.system,
             request.tools,
@@ -568,8 +569,8 @@ class LoopDriver:
         guard = self._guards.get(h.loop_id)
         if guard is not None:
             guard.check()
-        model_name = model_id(request.model or h.config.model or self.settings.model)
-        chat = tracing.chat(model_name, (h.config.model or self.settings.model).split(":", 1)[0], h, step_id)
+        model_name = model_id(request.model or spec)
+        chat = tracing.chat(model_name, spec.split(":", 1)[0], h, step_id)
 
         def delta_of(c: ev.Chunk) -> ev.TokenDelta:
             return ev.TokenDelta(
