@@ -35,7 +35,7 @@ from services.cli.errors import CliError
 from services.cli.render import clip, clock_of, describe, event_json, json_line, short
 from services.lifecycle import close_quietly, raise_single
 from services.model_step.policy import parse_policy as policy_rules
-from services.tools.spec import ToolSpec, valid_tool_name
+from services.toolwire.spec import ToolSpec, valid_tool_name
 from shared.bus import JetStreamError, JetStreamUnavailableError, connect
 from shared.client import LoopClient
 from shared.codec import decode_event, decode_live_frame
@@ -325,7 +325,7 @@ def parse_retries(items: list[str]) -> dict[str, RetryPolicy]:
 
 async def _require_live_tools(nc: NATS, settings: Settings, names: list[str]) -> None:
     """Every tool ``names`` lists has a live worker: a misspelt name is an error, not a loop without it."""
-    from services.tools.registry import ToolRegistry
+    from services.toolcaller.registry import ToolRegistry
 
     async with ToolRegistry(nc, settings.names, replicas=settings.replicas) as registry:
         missing = [n for n in names if registry.get(n) is None]
@@ -692,7 +692,7 @@ def _arguments(schema: dict[str, Any]) -> str:
 
 
 async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    from services.tools.registry import ToolRegistry
+    from services.toolcaller.registry import ToolRegistry
 
     async with session(settings) as nc:
         registry = ToolRegistry(nc, settings.names, replicas=settings.replicas)

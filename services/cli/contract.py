@@ -17,8 +17,8 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from services.tools import protocol as tool_protocol
-from services.tools.spec import Registration, ToolSpec
+from services.toolwire import protocol as tool_protocol
+from services.toolwire.spec import Registration, ToolSpec
 from shared import protocol, subjects
 from shared.errors import Rule
 from shared.events import CLASSIFICATION, ENDURING_TYPES, EPHEMERAL_TYPES, EVENT_TYPES, Event

@@ -289,7 +289,7 @@ def build_app(settings: Settings, *, token: str = "") -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        from services.tools.registry import ToolRegistry
+        from services.toolcaller.registry import ToolRegistry
 
         nc = await connect(settings, name="loopwire-console", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         console.nc = nc

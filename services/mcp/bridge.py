@@ -49,11 +49,11 @@ from nats.aio.client import Client as NATS
 from services.lifecycle import drain_on_cancel
 from services.mcp import mapping
 from services.mcp.connect import McpStartError, McpTarget, open_client
-from services.tools import protocol as p
-from services.tools.registry import ToolRegistry
+from services.toolcaller.registry import ToolRegistry
 from services.tools.sdk import CallFailed, Tool, ToolContext, error_result
-from services.tools.spec import ToolSpec
 from services.tools.worker import Worker
+from services.toolwire import protocol as p
+from services.toolwire.spec import ToolSpec
 from shared import shaping
 from shared.backoff import Backoff
 from shared.settings import Settings

@@ -22,8 +22,8 @@ from typing import Any, Final
 import jsonschema
 import mcp_types as mt
 
-from services.tools.protocol import ResultBody
-from services.tools.spec import ToolSpec, valid_tool_name
+from services.toolwire.protocol import ResultBody
+from services.toolwire.spec import ToolSpec, valid_tool_name
 from shared.content import Block, ImageBlock, TextBlock
 from shared.errors import McpToolRejected as McpToolRejected
 

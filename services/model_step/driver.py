@@ -51,10 +51,10 @@ from services.model_step.policy import (
     tool_allowed_for_loop,
 )
 from services.model_step.steps import Action, always_allowed, execution_id_for, next_action, step_id_for
-from services.tools.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
-from services.tools.client import outcome_of
-from services.tools.executor import caller_span
-from services.tools.spec import KIND_USER_INPUT, ToolSpec
+from services.toolcaller.base import Execute, PlannedCall, RecordFit, ToolLookup, step_needs_plan
+from services.toolcaller.client import outcome_of
+from services.toolcaller.executor import caller_span
+from services.toolwire.spec import KIND_USER_INPUT, ToolSpec
 from shared import events as ev
 from shared import metrics, shaping, telemetry, tokens
 from shared.backoff import Backoff

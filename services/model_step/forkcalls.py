@@ -15,9 +15,9 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from services.model_step.steps import may_run_calls
-from services.tools import protocol as tp
-from services.tools.client import OK, CallOutcome
-from services.tools.spec import ToolSpec
+from services.toolcaller.client import OK, CallOutcome
+from services.toolwire import protocol as tp
+from services.toolwire.spec import ToolSpec
 from shared.content import ToolResultMessage
 from shared.events import LoopForked
 from shared.forking import call_key, source_results

@@ -123,8 +123,8 @@ class ModelStepService:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: drives in flight stop, their leases are released, the connection drains."""
-        from services.tools.executor import make_executor
-        from services.tools.registry import ToolRegistry
+        from services.toolcaller.executor import make_executor
+        from services.toolcaller.registry import ToolRegistry
 
         settings, names = self.settings, self.names
         nc = await connect(settings, name="model-step", disconnected_cb=self._on_disconnect)

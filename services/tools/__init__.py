@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from services.tools.sdk import Tool, ToolContext, ToolError, ToolOutput, tool
 from services.tools.service import ToolService, run_worker
-from services.tools.spec import ToolSpec
+from services.toolwire.spec import ToolSpec
 
 __all__ = [
     "Tool",

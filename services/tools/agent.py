@@ -28,7 +28,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from services.tools.sdk import Tool, ToolContext, ToolError, ToolOutput
-from services.tools.spec import KIND_AGENT
+from services.toolwire.spec import KIND_AGENT
 from shared import shaping
 from shared.client import LoopClient
 from shared.codec import decode_live_frame

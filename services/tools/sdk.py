@@ -36,8 +36,8 @@ import anyio
 import msgspec
 from nats.aio.client import Client as NATS
 
-from services.tools.protocol import CallIds, ResultBody
-from services.tools.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
+from services.toolwire.protocol import CallIds, ResultBody
+from services.toolwire.spec import KIND_FUNCTION, KINDS, ToolSpec, input_schema_of, valid_tool_name
 from shared import shaping, telemetry
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from shared.errors import LoopwireError

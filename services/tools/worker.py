@@ -59,11 +59,11 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from services.lifecycle import drain_on_cancel
-from services.tools import protocol as p
-from services.tools import tracing as tool_tracing
-from services.tools.registry import REFRESH_SECONDS, ensure_tools_bucket, registration_key
 from services.tools.sdk import CallFailed, Tool, ToolContext, invoke
-from services.tools.spec import Registration, ToolSpec
+from services.toolwire import protocol as p
+from services.toolwire import tracing as tool_tracing
+from services.toolwire.bucket import REFRESH_SECONDS, ensure_tools_bucket, registration_key
+from services.toolwire.spec import Registration, ToolSpec
 from shared import logfmt, shaping
 from shared.backoff import retry
 from shared.bus import ensure_kv

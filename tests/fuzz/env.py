@@ -39,7 +39,7 @@ from hypothesis import settings as hsettings
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from services.tools import protocol as tp
+from services.toolwire import protocol as tp
 from shared import strictjson
 from shared.bus import connect, direct_get_batch, get_msg
 from shared.codec import decode_event, decode_live, decode_live_frame, encode_event

@@ -19,12 +19,12 @@ from nats.aio.client import Client as NATS
 
 from services.mcp.bridge import Bridge
 from services.mcp.connect import McpStartError, McpTarget
-from services.tools import client as cl
-from services.tools.executor import PlannedCall, normalise, run_batch
-from services.tools.protocol import CallIds
-from services.tools.registry import ToolRegistry
+from services.toolcaller import client as cl
+from services.toolcaller.executor import PlannedCall, normalise, run_batch
+from services.toolcaller.registry import ToolRegistry
 from services.tools.sdk import tool
 from services.tools.worker import Worker
+from services.toolwire.protocol import CallIds
 from shared import shaping
 from shared.content import ImageBlock, TextBlock, text_of
 from shared.events import RawToolUse

@@ -8,8 +8,9 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.tools.registry import ToolRegistry, ensure_tools_bucket, registration_key
-from services.tools.spec import Registration, ToolSpec
+from services.toolcaller.registry import ToolRegistry
+from services.toolwire.bucket import ensure_tools_bucket, registration_key
+from services.toolwire.spec import Registration, ToolSpec
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio

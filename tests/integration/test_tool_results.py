@@ -13,11 +13,11 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.tools import client as cl
-from services.tools.executor import PlannedCall, run_batch
-from services.tools.protocol import CallIds
+from services.toolcaller import client as cl
+from services.toolcaller.executor import PlannedCall, run_batch
 from services.tools.sdk import Tool, ToolContext, tool
-from services.tools.spec import ToolSpec
+from services.toolwire.protocol import CallIds
+from services.toolwire.spec import ToolSpec
 from shared.content import TextBlock, text_of
 from shared.events import Event, RawToolUse, RetryPolicy, ToolCallCompleted, ToolCallProgress, ToolCallStarted
 from shared.results import DONE, STARTED, ResultStore, args_digest

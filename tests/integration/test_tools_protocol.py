@@ -16,13 +16,14 @@ import pytest
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 
-from services.tools import client as cl
+from services.toolcaller import client as cl
+from services.toolcaller.registry import ToolRegistry
 from services.tools.builtins import BUILTINS
-from services.tools.protocol import CallIds, now_ms, request_headers
-from services.tools.registry import ToolRegistry, ensure_tools_bucket
 from services.tools.sdk import Tool, ToolContext, tool
 from services.tools.service import ToolService
-from services.tools.spec import Registration
+from services.toolwire.bucket import ensure_tools_bucket
+from services.toolwire.protocol import CallIds, now_ms, request_headers
+from services.toolwire.spec import Registration
 from shared.content import TextBlock
 from shared.settings import Settings
 from shared.subjects import H_REPLY_KIND
@@ -301,8 +302,8 @@ async def test_registry_forgets_registrations_nobody_refreshes(
     nc: NATS, fast: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A SIGKILLed worker's entry expires silently in KV; the registry drops it after the TTL."""
-    from services.tools import registry as reg_module
-    from services.tools.spec import ToolSpec
+    from services.toolcaller import registry as reg_module
+    from services.toolwire.spec import ToolSpec
 
     monkeypatch.setattr(reg_module, "REGISTRATION_TTL_SECONDS", 0.6)
     monkeypatch.setattr(reg_module, "_SWEEP_SECONDS", 0.1)

@@ -16,10 +16,10 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.tools import client as cl
-from services.tools.executor import PlannedCall, normalise, run_batch
-from services.tools.protocol import CallIds
-from services.tools.registry import ToolRegistry
+from services.toolcaller import client as cl
+from services.toolcaller.executor import PlannedCall, normalise, run_batch
+from services.toolcaller.registry import ToolRegistry
+from services.toolwire.protocol import CallIds
 from shared import shaping
 from shared.content import TextBlock, ToolResultMessage
 from shared.events import Event, RawToolUse, RetryPolicy

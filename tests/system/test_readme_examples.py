@@ -21,8 +21,8 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.toolcaller.registry import ToolRegistry
 from services.tools.agent import child_loop_id
-from services.tools.registry import ToolRegistry
 from shared import events as ev
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from services.tools.agent import AgentTask, agent_tool, child_command_id, child_loop_id
-from services.tools.spec import KIND_AGENT
+from services.toolwire.spec import KIND_AGENT
 from shared.codec import decode_event, encode_event
 from shared.errors import InvalidEventError
 from shared.events import LoopStarted, ParentRef

@@ -17,12 +17,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-from services.tools import client as cl
+from services.toolcaller import client as cl
 from services.tools.builtins import BUILTINS
 from services.tools.builtins.calculator import evaluate
-from services.tools.protocol import CallIds, ResultBody
 from services.tools.sdk import ToolContext, ToolError, invoke
 from services.tools.service import ToolService
+from services.toolwire.protocol import CallIds, ResultBody
 from shared.content import TextBlock
 from shared.settings import Settings
 

@@ -17,9 +17,9 @@ from nats.aio.client import Client as NATS
 
 from services.tools.builtins import BUILTINS
 from services.tools.builtins.calculator import evaluate, format_number
-from services.tools.protocol import CallIds, ResultBody
 from services.tools.sdk import ToolContext, invoke
-from services.tools.spec import KIND_USER_INPUT
+from services.toolwire.protocol import CallIds, ResultBody
+from services.toolwire.spec import KIND_USER_INPUT
 from shared.content import TextBlock
 from shared.natsserver import free_port
 from shared.settings import Settings

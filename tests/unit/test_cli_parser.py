@@ -15,7 +15,7 @@ from services.cli.commands import parse_policy, parse_retries, safety_of
 from services.cli.errors import CliError
 from services.cli.live import LoopView
 from services.cli.render import describe, event_json
-from services.tools.spec import ToolSpec
+from services.toolwire.spec import ToolSpec
 from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result, user_text
 from shared.events import (
     EVENT_TYPES,

@@ -15,12 +15,12 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from services.tools.client import ToolClient
-from services.tools.executor import PlannedCall, run_batch
-from services.tools.registry import ToolRegistry
+from services.toolcaller.client import ToolClient
+from services.toolcaller.executor import PlannedCall, run_batch
+from services.toolcaller.registry import ToolRegistry
 from services.tools.sdk import Tool, ToolContext, ToolError, tool
 from services.tools.service import ToolService
-from services.tools.spec import ToolSpec
+from services.toolwire.spec import ToolSpec
 from shared import shaping
 from shared.content import TextBlock, ToolResultMessage
 from shared.events import Event, RawToolUse, ToolCallCompleted, ToolCallProgress, ToolCallStarted

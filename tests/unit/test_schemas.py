@@ -203,7 +203,7 @@ def test_asyncapi_references_the_payload_schemas_definitions() -> None:
 def test_named_string_constants_are_the_wire_vocabularies() -> None:
     # Constants other modules spell out are members of the one vocabulary definition.
     from services.model_step import policy
-    from services.tools import protocol as tools
+    from services.toolwire import protocol as tools
     from shared import wiretypes
 
     assert {
@@ -216,7 +216,7 @@ def test_named_string_constants_are_the_wire_vocabularies() -> None:
         tools.ERROR_CRASHED,
     } == set(wiretypes.TOOL_ERROR_KINDS)
     from services.model_step import driver
-    from services.tools import client
+    from services.toolcaller import client
 
     assert (
         driver.GATE_OUTCOME_UNKNOWN in wiretypes.GATE_REASONS and driver.ON_UNKNOWN_ASK in wiretypes.ON_UNKNOWN_OUTCOMES

@@ -9,9 +9,9 @@ import anyio
 import msgspec
 import pytest
 
-from services.tools.protocol import CallIds, ResultBody, ids_from_headers, request_headers
 from services.tools.sdk import ToolContext, ToolError, ToolOutput, invoke, tool
-from services.tools.spec import KIND_USER_INPUT, ToolSpec, input_schema_of, valid_tool_name
+from services.toolwire.protocol import CallIds, ResultBody, ids_from_headers, request_headers
+from services.toolwire.spec import KIND_USER_INPUT, ToolSpec, input_schema_of, valid_tool_name
 from shared.content import ImageBlock, TextBlock
 from shared.settings import Settings
 

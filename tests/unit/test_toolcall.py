@@ -15,8 +15,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.tools.base import PlannedCall, RecordFit
-from services.tools.executor import fit_results
+from services.toolcaller.base import PlannedCall, RecordFit
+from services.toolcaller.executor import fit_results
 from shared import events as ev
 from shared import shaping
 from shared.codec import encode_event

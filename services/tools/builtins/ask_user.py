@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from services.tools.sdk import ToolOutput, tool
-from services.tools.spec import KIND_USER_INPUT
+from services.toolwire.spec import KIND_USER_INPUT
 
 
 class AskUserInput(msgspec.Struct, forbid_unknown_fields=True):

@@ -1,4 +1,4 @@
-"""The caller's side of the tool-call protocol (see :mod:`services.tools.protocol`).
+"""The caller's side of the tool-call protocol (see :mod:`services.toolwire.protocol`).
 
 One wildcard inbox subscription per client; each call publishes the request with its own reply
 subject and waits for the final reply, reading progress replies on the way. It does not use
@@ -38,7 +38,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.tools import protocol as p
+from services.toolwire import protocol as p
 from shared.connection import subscribe_quick
 from shared.subjects import H_REPLY_KIND, H_STATUS, H_WORKER_ID, Names
 

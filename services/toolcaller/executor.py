@@ -1,6 +1,6 @@
 """Run one step's batch of tool calls.
 
-Input: the planned calls (:class:`~services.tools.base.PlannedCall`) in the order the model made
+Input: the planned calls (:class:`~services.toolcaller.base.PlannedCall`) in the order the model made
 them — each the checked tool call (:class:`~shared.toolcall.ToolCall`), the
 ``tool_execution_id`` the caller minted and the authorisation decision (approve / deny with the
 model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Output: exactly one
@@ -13,7 +13,7 @@ model-visible text / reply = a preset result, e.g. an answered ``ask_user``). Ou
    ``error: unknown tool: <name>``; a tool whose every worker just failed to answer (NATS no
    responders) and none registered since → ``error: tool unavailable: <name> (no live workers)``;
    a conflicted tool (live workers disagree on version/schema,
-   see :mod:`services.tools.registry`) → ``error: tool unavailable: <name> (...)``;
+   see :mod:`services.toolcaller.registry`) → ``error: tool unavailable: <name> (...)``;
    arguments not strict JSON → ``error: invalid tool arguments (not valid JSON)``;
    denied → the denial text (no decision at all is denied too: fail closed).
 2. ToolCallStarted for every call, in call order, before any ToolCallCompleted; pre-execution
@@ -51,12 +51,12 @@ import anyio
 import msgspec
 from nats.aio.client import Client as NATS
 
-from services.tools import client as cl
-from services.tools import tracing as tool_tracing
-from services.tools.base import Fence, PlannedCall, Publisher, RecordFit, SpecOf, step_needs_plan
-from services.tools.protocol import CallIds
-from services.tools.registry import LiveTool, ToolRegistry
-from services.tools.spec import ToolSpec, retry_policy, valid_tool_name
+from services.toolcaller import client as cl
+from services.toolcaller.base import Fence, PlannedCall, Publisher, RecordFit, SpecOf, step_needs_plan
+from services.toolcaller.registry import LiveTool, ToolRegistry
+from services.toolwire import tracing as tool_tracing
+from services.toolwire.protocol import CallIds
+from services.toolwire.spec import ToolSpec, retry_policy, valid_tool_name
 from shared import shaping, telemetry
 from shared.backoff import Backoff
 from shared.codec import encode_live, encode_live_frame
@@ -179,7 +179,7 @@ async def run_batch(
     together with the step's assistant message (:func:`fit_results`).
 
     ``retries``: per tool, the loop's override of the tool's retry policy (only read-only and
-    idempotent tools are ever retried; see :func:`services.tools.spec.retry_policy`).
+    idempotent tools are ever retried; see :func:`services.toolwire.spec.retry_policy`).
 
     ``fence`` (the caller's lease): no call is sent once it stops holding — such calls end as
     canceled, and the caller, which checks its lease before committing, commits nothing — and
@@ -434,7 +434,7 @@ def live_publisher(nc: NATS, names: Names) -> Publisher:
 
 
 class Executor:
-    """The model-step's :class:`~services.tools.base.Execute`: runs a batch with the registry's specs."""
+    """The model-step's :class:`~services.toolcaller.base.Execute`: runs a batch with the registry's specs."""
 
     def __init__(
         self,

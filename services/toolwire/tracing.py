@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.tools import protocol as p
+from services.toolwire import protocol as p
 from shared import metrics, telemetry
 
 CALLER: Final = "caller"

@@ -1,9 +1,9 @@
 """Tool discovery: workers keep their spec in KV ``<prefix>_tools``; callers watch the bucket.
 
-Key ``<tool_name>.<worker_id>`` → :class:`~services.tools.spec.Registration`. A worker puts its
+Key ``<tool_name>.<worker_id>`` → :class:`~services.toolwire.spec.Registration`. A worker puts its
 entries after it subscribed (so a listed tool is callable), refreshes them every
 :data:`REFRESH_SECONDS` and deletes them on a graceful stop. The bucket's TTL
-(``shared.bus.TOOLS_TTL_SECONDS``) removes the entries of a worker that died; since that expiry is
+(``services.toolwire.bucket.REGISTRATION_TTL_SECONDS``) removes the entries of a worker that died; since that expiry is
 silent, the registry also forgets an entry it has not seen written for that long (entries loaded at
 start count as seen then, so no clock comparison with the server is needed).
 
@@ -31,17 +31,16 @@ from typing import Final, Protocol, cast
 import anyio
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from services.tools.spec import Registration, ToolSpec, valid_tool_name
-from shared.bus import TOOLS_TTL_SECONDS, ensure_kv
+from services.toolwire import bucket
+from services.toolwire.spec import Registration, ToolSpec, valid_tool_name
 from shared.subjects import Names
 
 log = logging.getLogger("loopwire.tools.registry")
 
-REGISTRATION_TTL_SECONDS: Final = TOOLS_TTL_SECONDS
-REFRESH_SECONDS: Final = TOOLS_TTL_SECONDS / 3
+REGISTRATION_TTL_SECONDS: Final = bucket.REGISTRATION_TTL_SECONDS
+REFRESH_SECONDS: Final = bucket.REFRESH_SECONDS
 _SWEEP_SECONDS: Final = 1.0
 
 
@@ -52,15 +51,6 @@ def _silence_seconds() -> float:
 
 _KV_DEL: Final = "DEL"
 _KV_PURGE: Final = "PURGE"
-
-
-async def ensure_tools_bucket(js: JetStreamContext, names: Names, replicas: int = 1) -> KeyValue:
-    """Bind the tools bucket, creating it when missing (an incompatible one is reported)."""
-    return await ensure_kv(js, names.tools_bucket, replicas=replicas, ttl=REGISTRATION_TTL_SECONDS)
-
-
-def registration_key(tool_name: str, worker_id: str) -> str:
-    return f"{tool_name}.{worker_id}"
 
 
 # (ToolSpec.input_schema is a JSON Schema of any JSON values: the one Any of this module.)
@@ -113,7 +103,7 @@ class ToolRegistry:
         await self.stop()
 
     async def start(self, timeout: float = 10.0) -> None:
-        kv = await ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
+        kv = await bucket.ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
         self._watcher = cast(_Watcher, await kv.watchall())
         self._task = asyncio.get_running_loop().create_task(self._follow(kv))
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())

@@ -1,8 +1,8 @@
 """The seam between the model-step and the tools: a planned call, the tool lookup and the executor.
 
 The model-step's driver plans and authorises :class:`PlannedCall` values and hands them to an
-:class:`Execute` (:class:`services.tools.executor.Executor`); tool specs come from a
-:class:`ToolLookup` (:class:`services.tools.registry.ToolRegistry`). Implementations import this
+:class:`Execute` (:class:`services.toolcaller.executor.Executor`); tool specs come from a
+:class:`ToolLookup` (:class:`services.toolcaller.registry.ToolRegistry`). Implementations import this
 module; it imports none of them.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.tools.client import CallOutcome
-from services.tools.spec import ToolSpec
+from services.toolcaller.client import CallOutcome
+from services.toolwire.spec import ToolSpec
 from shared.content import AIMessage, ToolResultMessage
 from shared.events import Decision, Event, Limits, PermissionDecided, RawToolUse, RetryPolicy
 from shared.toolcall import ToolCall

@@ -1,0 +1,1 @@
+"""What the tool caller and the tool workers agree on: call protocol, tool specs, the tools bucket, spans."""
