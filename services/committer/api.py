@@ -13,18 +13,13 @@ import asyncio
 import logging
 import math
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-import anyio
 from nats.aio.client import Client as NATS
 
 from shared import telemetry
-from shared.backoff import Backoff
-from shared.bus import JetStreamError, JetStreamUnavailableError, signal_work
 from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError, Rule
@@ -43,7 +38,7 @@ from shared.events import (
     TurnInterrupted,
     now_rfc3339,
 )
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.modelspec import spec_problem
 from shared.pricing import price_of
 from shared.protocol import (
@@ -68,15 +63,12 @@ from shared.wiretypes import ALLOW, ANSWER_ACTIONS
 
 from .appender import Appender, EventIdTaken
 from .fork import fork
-from .watch import WorkWatch
+from .loops import Loops
 
 log = logging.getLogger("loopwire.committer.api")
 
 # Namespace of the event ids derived from (loop, verb, command, index).
 _EVENT_NS: Final = uuid.UUID("8f7d2c56-93b4-4c1e-9a1f-6b0d3e5a7c21")
-CACHE_LOOPS: Final = 1024
-# How often work that could not be queued after a command is tried again.
-REQUEUE_SECONDS: Final = 1.0
 
 
 @dataclass(slots=True)
@@ -105,50 +97,12 @@ def _invalid(e: InvalidEventError) -> WireError:
     return WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule)
 
 
-class _HistoryCache:
-    """Folds of recently used loops (LRU). Only a speed-up: OCC catches every stale entry.
-
-    A fold is *quiet* when this process wrote its last record and queued no work for the loop since:
-    no drive can have written after it, so a command may decide on it without reading the tail
-    first (a loop just started is the usual case: its input comes next).
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._items: OrderedDict[str, tuple[LoopHistory, bool]] = OrderedDict()
-
-    def get(self, loop_id: str) -> LoopHistory | None:
-        item = self._items.get(loop_id)
-        if item is None:
-            return None
-        self._items.move_to_end(loop_id)
-        return item[0]
-
-    def quiet(self, loop_id: str) -> LoopHistory | None:
-        item = self._items.get(loop_id)
-        return item[0] if item is not None and item[1] else None
-
-    def put(self, loop_id: str, h: LoopHistory, *, quiet: bool = False) -> None:
-        self._items[loop_id] = (h, quiet)
-        self._items.move_to_end(loop_id)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-    def drop(self, loop_id: str) -> None:
-        self._items.pop(loop_id, None)
-
-
 class LoopApi:
     def __init__(self, nc: NATS, settings: Settings, appender: Appender) -> None:
         self._nc = nc
         self._settings = settings
         self._names = settings.names
-        self._appender = appender
-        self._cache = _HistoryCache(CACHE_LOOPS)
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        # Loops with stored records (through the seq) whose work signal failed.
-        self._unqueued: dict[str, int] = {}
-        self.watch = WorkWatch(nc, self._names)  # loops whose queued work no drive has taken up yet
+        self.loops = Loops(nc, settings, appender)
 
     async def handle(self, subject: str, data: bytes) -> bytes:
         """The reply to one loop-API request (never raises for bad input)."""
@@ -161,21 +115,6 @@ class LoopApi:
                 telemetry.set_error(span, str(e.kind), str(e))
                 return encode(ApiReply(ok=False, error=e.body()))
         return encode(reply)
-
-    @asynccontextmanager
-    async def _loop_lock(self, loop_id: str) -> AsyncIterator[None]:
-        # One read-modify-write per loop at a time in this process (the cached fold is shared).
-        lock, users = self._locks.get(loop_id, (asyncio.Lock(), 0))
-        self._locks[loop_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[loop_id]
-            if users <= 1:
-                del self._locks[loop_id]
-            else:
-                self._locks[loop_id] = (lock, users - 1)
 
     async def _handle(self, subject: str, data: bytes) -> ApiReply:
         tokens = subject.split(".")
@@ -191,7 +130,7 @@ class LoopApi:
         if not is_uuid(command_id):
             raise WireError(ErrorKind.INVALID, "command_id must be a canonical UUID", field="command_id")
         if isinstance(req, ForkRequest):
-            return await fork(self, loop_id, req, _derived_id(loop_id, verb, command_id, 0))
+            return await fork(self.loops, loop_id, req, _derived_id(loop_id, verb, command_id, 0))
         decide: Callable[[LoopHistory], Outcome]
         if isinstance(req, StartRequest):
             started = self._loop_started(loop_id, req)
@@ -208,41 +147,13 @@ class LoopApi:
         else:
             assert isinstance(req, CloseRequest)
             decide = lambda h: self._close(h, loop_id, command_id)  # noqa: E731
-        async with self._loop_lock(loop_id):
+        async with self.loops.lock(loop_id):
             seq, signal, last = await self._read_modify_write(loop_id, verb, command_id, decide)
         if signal:
-            await self._signal_work(loop_id, seq, last)
+            await self.loops.queue_work(loop_id, seq, last)
         return ApiReply(ok=True, seq=seq, loop_id=loop_id if isinstance(req, StartRequest) else None)
 
     # --- read-modify-write ----------------------------------------------------------------------
-
-    async def _history(self, loop_id: str, deadline: float) -> LoopHistory:
-        backoff = Backoff(0.05, 0.5, deadline=deadline)
-        while True:
-            cached = self._cache.get(loop_id)
-            try:
-                h = await load(
-                    self._nc,
-                    self._names,
-                    loop_id,
-                    cached,
-                    max_record_bytes=self._settings.max_record_bytes,
-                    consistent=self._settings.leader_reads,
-                )
-            except JetStreamUnavailableError as e:
-                problem = str(e)
-            except JetStreamError as e:
-                if not e.retryable:
-                    raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the loop's history: {e}") from None
-                problem = str(e)
-            except LoopwireError as e:
-                self._cache.drop(loop_id)
-                raise WireError(ErrorKind.UNAVAILABLE, f"the loop's history does not decode: {e}") from None
-            else:
-                self._cache.put(loop_id, h)
-                return h
-            if not await backoff.wait():
-                raise WireError(ErrorKind.UNAVAILABLE, f"history unavailable: {problem}")
 
     async def _read_modify_write(
         self, loop_id: str, verb: str, command_id: str, decide: Callable[[LoopHistory], Outcome]
@@ -257,11 +168,11 @@ class LoopApi:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.commit_retry_seconds
-        unread = self._cache.quiet(loop_id)
-        if unread is None and verb == "start" and self._cache.get(loop_id) is None:
+        unread = self.loops.cache.quiet(loop_id)
+        if unread is None and verb == "start" and self.loops.cache.get(loop_id) is None:
             unread = LoopHistory(loop_id=loop_id)
         while True:
-            h = unread if unread is not None else await self._history(loop_id, deadline)
+            h = unread if unread is not None else await self.loops.history(loop_id, deadline)
             try:
                 outcome = decide(h)
             except WireError:
@@ -281,7 +192,7 @@ class LoopApi:
             except LoopwireError as e:
                 raise WireError(e.kind, str(e)) from None
             try:
-                seqs = await self._appender.append(loop_id, h.last_seq, payloads, [e.event_id for e in events])
+                seqs = await self.loops.appender.append(loop_id, h.last_seq, payloads, [e.event_id for e in events])
             except WireError as e:
                 # A taken event id: this very command was stored already (by another committer, or
                 # before a restart); the history shows it as a repeat.
@@ -293,7 +204,7 @@ class LoopApi:
             for event, seq in zip(events, seqs, strict=True):
                 h.apply(event, seq)
             # A fold that gets a work signal now may be followed by a drive's records.
-            self._cache.put(loop_id, h, quiet=not outcome.signal_work)
+            self.loops.cache.put(loop_id, h, quiet=not outcome.signal_work)
             if verb != "start":  # a loop just started has no drive to tell
                 await self._notify_driver(loop_id, payloads)
             return seqs[-1], outcome.signal_work, events[-1]
@@ -310,50 +221,6 @@ class LoopApi:
                 await self._nc.publish(subject, payload)
         except Exception as e:
             log.warning("loop %s: could not notify its driver (%s)", loop_id, e)
-
-    async def _signal_work(self, loop_id: str, seq: int, last: Event | None = None) -> None:
-        """Queue the loop's work after a command stored (or repeated) records that need a drive.
-
-        A command is acknowledged only once its work is queued: stored records with no work item
-        would wait for the loop's next command. If the work stream stays unavailable for
-        ``LW_COMMIT_RETRY_SECONDS`` the caller gets ``unavailable`` and should repeat the request,
-        which stores nothing again and queues the work; meanwhile :meth:`requeue` keeps trying.
-        """
-        try:
-            await signal_work(
-                self._nc,
-                self._names,
-                loop_id,
-                within=self._settings.commit_retry_seconds,
-                headers=telemetry.inject({}),  # the work signal carries the request's trace
-            )
-        except (JetStreamError, JetStreamUnavailableError) as e:
-            log.warning("loop %s: stored through seq %d, but its work could not be queued: %s", loop_id, seq, e)
-            self._unqueued[loop_id] = max(seq, self._unqueued.get(loop_id, 0))
-            raise WireError(
-                ErrorKind.UNAVAILABLE,
-                f"the command is stored (seq {seq}) but its work could not be queued ({e}); "
-                "repeat the same request to queue it",
-            ) from None
-        self._unqueued.pop(loop_id, None)
-        if last is not None:
-            self.watch.stored(loop_id, seq, last)  # the records this command wrote, through ``last``
-        else:
-            self.watch.queued(loop_id, seq)
-
-    async def requeue(self) -> None:
-        """Until cancelled: queue the work of loops whose command could not queue it (see
-        :meth:`_signal_work`), so they resume even if their caller never repeats the command."""
-        while True:
-            await anyio.sleep(REQUEUE_SECONDS)
-            for loop_id, seq in list(self._unqueued.items()):
-                try:
-                    await signal_work(self._nc, self._names, loop_id, within=0)
-                except (JetStreamError, JetStreamUnavailableError):
-                    break  # still unavailable: try again later
-                self._unqueued.pop(loop_id, None)
-                log.info("loop %s: its work is queued now", loop_id)
-                self.watch.queued(loop_id, seq)
 
     # --- building events ------------------------------------------------------------------------
 

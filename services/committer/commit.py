@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from services.reconcile import CommitterReconciler
 from shared import metrics, telemetry
 from shared.codec import decode_event_to_store
 from shared.errors import (
@@ -27,7 +28,6 @@ from shared.protocol import CommitReply, CommitRequest, WireError, decode_reques
 from shared.validate import is_uuid
 
 from .appender import Appender
-from .watch import WorkWatch
 
 MAX_EVENTS_PER_COMMIT: Final = 1000  # the server's atomic-batch limit
 MAX_SEQ: Final = 2**63 - 1  # largest expected_last_seq accepted (stream sequences are far below it)
@@ -100,10 +100,15 @@ def prepare(loop_id: str, raws: list[bytes], *, max_input_bytes: int, max_record
 
 class CommitHandler:
     def __init__(
-        self, appender: Appender, *, max_input_bytes: int, max_record_bytes: int, watch: WorkWatch | None = None
+        self,
+        appender: Appender,
+        *,
+        max_input_bytes: int,
+        max_record_bytes: int,
+        work: CommitterReconciler | None = None,
     ) -> None:
         self._appender = appender
-        self._watch = watch
+        self._work = work
         self._max_input = max_input_bytes
         self._max_record = max_record_bytes
         self._span_name = f"append {appender.stream}"
@@ -154,8 +159,8 @@ class CommitHandler:
             )
         else:
             seqs = await self._appender.append(loop_id, req.expected_last_seq, prepared.payloads, prepared.event_ids)
-        if self._watch is not None and seqs:
-            self._watch.stored(loop_id, seqs[-1], prepared.events[len(seqs) - 1])
+        if self._work is not None and seqs:
+            self._work.stored(loop_id, seqs[-1], prepared.events[len(seqs) - 1])
         return seqs
 
     def _prepare(self, loop_id: str, req: CommitRequest) -> Prepared:

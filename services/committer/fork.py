@@ -12,7 +12,7 @@ finds what is stored, writes only the rest, and ends with the same whole loop. A
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from shared.bus import JetStreamError, JetStreamUnavailableError
 from shared.codec import encode_event
@@ -22,8 +22,7 @@ from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
 from shared.history import fold, replay
 from shared.protocol import ApiReply, ForkRequest, WireError
 
-if TYPE_CHECKING:
-    from .api import LoopApi
+from .loops import Loops
 
 FORK_BATCH: Final = 500  # records per atomic batch (the server allows 1,000)
 FORK_BATCH_BYTES: Final = 8 * 1024 * 1024
@@ -37,10 +36,10 @@ def _changes(req: ForkRequest) -> ForkChanges:
     return ForkChanges(input=req.input, model=req.model, system=req.system, policy=req.policy or None)
 
 
-async def _source_records(api: LoopApi, source: str) -> list[tuple[int, Event]]:
+async def _source_records(loops: Loops, source: str) -> list[tuple[int, Event]]:
     try:
-        limit = api._settings.max_record_bytes
-        return [r async for r in replay(api._nc, source, names=api._names, max_record_bytes=limit)]
+        limit = loops.settings.max_record_bytes
+        return [r async for r in replay(loops.nc, source, names=loops.names, max_record_bytes=limit)]
     except (JetStreamUnavailableError, JetStreamError) as e:
         raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the source loop: {e}") from None
     except LoopwireError as e:
@@ -60,15 +59,15 @@ def _batches(payloads: list[bytes]) -> list[tuple[int, int]]:
     return out
 
 
-async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str) -> ApiReply:
+async def fork(loops: Loops, loop_id: str, req: ForkRequest, first_event_id: str) -> ApiReply:
     """Write the fork ``loop_id`` of ``req.source_loop_id`` (or finish one a repeat of it began)."""
     if req.source_loop_id == loop_id:
         raise WireError(ErrorKind.INVALID, "a loop cannot be forked into itself", field="source_loop_id")
     changes = _changes(req)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + api._settings.commit_retry_seconds
-    async with api._loop_lock(loop_id):
-        h = await api._history(loop_id, deadline)
+    deadline = loop.time() + loops.settings.commit_retry_seconds
+    async with loops.lock(loop_id):
+        h = await loops.history(loop_id, deadline)
         if h.forked is not None:
             mine = h.forked.cause is not None and h.forked.cause.command_id == req.command_id
             if not mine:
@@ -77,7 +76,7 @@ async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str
                 return ApiReply(ok=True, seq=h.formed_seq, loop_id=loop_id)
         elif h.last_seq:
             raise WireError(ErrorKind.CONFLICT, "a loop with this id already exists", last_seq=h.last_seq)
-        records = await _source_records(api, req.source_loop_id)
+        records = await _source_records(loops, req.source_loop_id)
         if not records:
             raise WireError(ErrorKind.NOT_FOUND, "no such source loop", field="source_loop_id")
         src = fold(records)
@@ -99,7 +98,7 @@ async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str
         except ForkPointError as e:
             raise WireError(ErrorKind.INVALID, str(e), field="at") from None
         try:
-            payloads = [encode_event(e, max_bytes=api._settings.max_record_bytes) for e in events]
+            payloads = [encode_event(e, max_bytes=loops.settings.max_record_bytes) for e in events]
         except InvalidEventError as e:
             raise WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule) from None
         except LoopwireError as e:
@@ -111,8 +110,8 @@ async def fork(api: LoopApi, loop_id: str, req: ForkRequest, first_event_id: str
             if b <= done:
                 continue
             a = max(a, done)
-            seqs = await api._appender.append(loop_id, last, payloads[a:b], ids[a:b])
+            seqs = await loops.appender.append(loop_id, last, payloads[a:b], ids[a:b])
             last = seqs[-1]
-        api._cache.drop(loop_id)
-    await api._signal_work(loop_id, last)
+        loops.cache.drop(loop_id)
+    await loops.queue_work(loop_id, last)
     return ApiReply(ok=True, seq=last, loop_id=loop_id)

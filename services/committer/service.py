@@ -102,7 +102,7 @@ class CommitterService:
             appender = Appender(nc, names, retry_seconds=settings.commit_retry_seconds)
             api = LoopApi(nc, settings, appender)
             commits = CommitHandler(
-                appender, max_input_bytes=settings.max_record_bytes, max_record_bytes=max_record, watch=api.watch
+                appender, max_input_bytes=settings.max_record_bytes, max_record_bytes=max_record, work=api.loops.work
             )
             subs = [
                 await subscribe_quick(
@@ -114,8 +114,7 @@ class CommitterService:
             log.info("committer serving %s and %s (replicas=%d)", names.commit_all, names.api_all, settings.replicas)
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(api.requeue)
-                    tg.start_soon(api.watch.run)
+                    tg.start_soon(api.loops.work.run)
                     task_status.started()
                     await anyio.sleep_forever()
             finally:

@@ -26,29 +26,23 @@ from services.model_step.lease import Lease, LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
-from services.model_step.work import LostItems, WorkPuller, consumer_config
+from services.model_step.work import WorkPuller, consumer_config
+from services.reconcile import ReplicaReconciler
 from shared import logfmt, metrics, telemetry
-from shared.bus import connect, ensure_all, is_transient_setup_error, purge_work, signal_work
+from shared.bus import connect, ensure_all, is_transient_setup_error, purge_work
 from shared.client import CommitClient
-from shared.history import load
 from shared.results import ResultStore
 from shared.settings import Settings
 from shared.subjects import H_TRACEPARENT
 
 log = logging.getLogger("loopwire.model_step")
 
-# How long a replica keeps trying to queue a loop's remaining work after acking its item.
-LOOK_AGAIN_SECONDS: Final = 300.0
-# How long one work signal is retried while JetStream is unavailable (then the caller decides).
-SIGNAL_SECONDS: Final = 2.0
 # How long start-up waits for JetStream (a fresh or busy cluster may still be electing leaders).
 START_RETRY_SECONDS: Final = 30.0
 # Longest wait of one pull for the first work item (an idle replica asks again after it).
 PULL_WAIT_SECONDS: Final = 1.0
 # Delay before a work item whose loop is driven elsewhere comes back.
 BUSY_NAK_SECONDS: Final = 0.25
-# How often the work consumer's counts are compared with the stream's (see work.LostItems).
-LOST_ITEMS_SECONDS: Final = 5.0
 
 
 def work_ack_wait(settings: Settings) -> float:
@@ -110,6 +104,7 @@ class ModelStepService:
 
     _nc: NATS  # set once started
     _driver: LoopDriver
+    _reconciler: ReplicaReconciler
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -143,6 +138,7 @@ class ModelStepService:
                 await close_quietly(nc)
             raise
         self._nc = nc
+        self._reconciler = ReplicaReconciler(nc, settings, has_work=lambda h: next_action(h).action is not Action.NONE)
         live = LiveOutbox(nc, names)
         self._driver = LoopDriver(
             nc=nc,
@@ -182,8 +178,9 @@ class ModelStepService:
         slots = self._slots
         async with anyio.create_task_group() as tg:
             await tg.start(self._driver.outbox.run)
-            tg.start_soon(self._take_orphans)
-            tg.start_soon(self._requeue_lost_items)
+            assert self._leases is not None
+            tg.start_soon(self._reconciler.signal_orphaned, self._leases.orphaned)
+            tg.start_soon(self._reconciler.signal_lost_items, self._busy)
             while True:
                 await slots.acquire()
                 free = 1
@@ -203,36 +200,6 @@ class ModelStepService:
                 for _ in range(free - min(free, len(msgs))):
                     slots.release()
 
-    async def _take_orphans(self) -> None:
-        """Signal the loops a dead replica held, so they resume now rather than after the ack wait."""
-        assert self._leases is not None and self._nc is not None
-        try:
-            loops = await self._leases.orphaned()
-            for loop_id in loops:
-                await signal_work(self._nc, self.names, loop_id, within=SIGNAL_SECONDS)
-        except Exception as e:  # an optimisation: the ack wait brings the items back anyway
-            log.warning("start-up: could not look for loops of a replica that is gone (%s)", e)
-            return
-        if loops:
-            log.info("start-up: %d loop(s) of a replica that is gone signalled", len(loops))
-
-    async def _requeue_lost_items(self) -> None:
-        """Signal again the loops whose work items the work consumer lost (see work.LostItems)."""
-        lost_items = LostItems(self._nc, self.names)
-        while True:
-            await anyio.sleep(LOST_ITEMS_SECONDS)
-            try:
-                for loop_id in await lost_items.check():
-                    if loop_id not in self._busy:
-                        await signal_work(self._nc, self.names, loop_id, within=SIGNAL_SECONDS)
-                        log.warning(
-                            "loop %s: its work item was no longer delivered; signalled again",
-                            loop_id,
-                            extra={"loop_id": loop_id},
-                        )
-            except Exception as e:  # a safety net: the next check tries again
-                log.debug("checking the work consumer for lost items failed (%s)", e)
-
     async def _handle(self, msg: Msg) -> None:
         try:
             await self._handle_item(msg)
@@ -244,45 +211,8 @@ class ModelStepService:
             self._slots.release()
 
     async def _look_again(self, loop_id: str) -> None:
-        """After the ack: queue a work item if the loop has work again (no lost wake-ups).
-
-        A signal that arrived while ours was pending replaced it (and was acked with it), so look
-        once more, and hand found work back to the queue instead of driving it unbacked (a crash now
-        would otherwise strand the loop with no work item left). Our item is already acked, so a
-        failed look must not end here (a leader election makes reads fail for seconds): signal
-        anyway (a spare signal costs one look) and keep trying until one of the two succeeds.
-        """
-        nc, names = self._nc, self.names
-        deadline = anyio.current_time() + LOOK_AGAIN_SECONDS
-        while True:
-            try:
-                h = await load(
-                    nc, names, loop_id, self._driver.cache.get(loop_id), consistent=self.settings.leader_reads
-                )
-                if next_action(h).action is not Action.NONE:
-                    await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
-                return
-            except Exception as e:
-                log.warning(
-                    "loop %s: looking again after the ack failed (%s); signalling anyway",
-                    loop_id,
-                    e,
-                    extra={"loop_id": loop_id},
-                )
-            try:
-                await signal_work(nc, names, loop_id, within=SIGNAL_SECONDS, headers=telemetry.inject({}))
-                return
-            except Exception as e:
-                if anyio.current_time() > deadline:
-                    log.error(
-                        "loop %s: could not queue its work for %gs: %s",
-                        loop_id,
-                        LOOK_AGAIN_SECONDS,
-                        e,
-                        extra={"loop_id": loop_id},
-                    )
-                    return
-            await anyio.sleep(0.5)
+        """After the ack: queue a work item if the loop has work again (see :mod:`services.reconcile`)."""
+        await self._reconciler.look_again(loop_id, self._driver.cache.get(loop_id))
 
     async def _drop_signals(self, loop_id: str, seq: int) -> None:
         """Delete the loop's signals up to ``seq``, which came in during the drive, after the look

@@ -1,4 +1,4 @@
-"""The work queue from the model-step's side: pulling work items, and finding items the consumer lost.
+"""The work queue from the model-step's side: pulling work items (lost ones are found by services.reconcile).
 
 A work item is a message on ``<prefix>.work.<loop_id>`` in the work stream (at most one per loop: a
 new signal replaces a pending one). Replicas share one durable pull consumer.
@@ -24,7 +24,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.bus import get_msg, subjects
 from shared.subjects import H_STATUS, Names, js_api
 
 log = logging.getLogger("loopwire.model_step.work")
@@ -104,41 +103,3 @@ class WorkPuller:
     def _status(self, m: Msg) -> str:
         """The status of a message the server sent about a pull (items arrive on their own subject)."""
         return (m.headers or {}).get(H_STATUS, "") if m.subject == self._inbox else ""
-
-
-class LostItems:
-    """Work items still in the stream that the work consumer will never deliver again.
-
-    A JetStream consumer keeps which items it delivered and which wait for an ack in its own state,
-    and a consumer leader change in the middle of a delivery or a nak has lost that state before
-    (the new leader's next sequence is past an item that is not pending either). Such an item stays
-    in the stream, unacked, for ever, and its loop never runs again. The symptom is visible from
-    outside: the stream holds more items than the consumer has left to deliver plus those waiting
-    for an ack. :meth:`check` names the items that were already delivered once and sat unchanged
-    through two such observations in a row; a new signal replaces each one, past the consumer's
-    next sequence, so it is delivered again.
-    """
-
-    def __init__(self, nc: NATS, names: Names) -> None:
-        self.nc = nc
-        self.names = names
-        self._suspects: dict[str, int] = {}  # work subject -> the item's stream sequence
-
-    async def check(self) -> list[str]:
-        """Loop ids whose items the consumer lost (empty while the counts agree)."""
-        js = self.nc.jetstream()
-        consumer = await js.consumer_info(self.names.work_stream, self.names.work_consumer)
-        stream = await js.stream_info(self.names.work_stream)
-        missing = stream.state.messages - (consumer.num_pending or 0) - (consumer.num_ack_pending or 0)
-        if missing <= 0:
-            self._suspects = {}
-            return []
-        delivered = consumer.delivered.stream_seq or 0
-        found: dict[str, int] = {}
-        for subject in await subjects(self.nc, self.names.work_stream, self.names.work_all):
-            m = await get_msg(self.nc, self.names.work_stream, last_by_subj=subject)
-            if m is not None and m.seq <= delivered:  # not merely waiting for its first delivery
-                found[subject] = m.seq
-        lost = [subject for subject, seq in found.items() if self._suspects.get(subject) == seq]
-        self._suspects = found
-        return [self.names.loop_of_work(subject) for subject in lost]

@@ -14,9 +14,10 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
-from services.committer import watch
+from services import reconcile
 from services.model_step.service import ModelStepService
-from services.model_step.work import LostItems, WorkPuller, consumer_config
+from services.model_step.work import WorkPuller, consumer_config
+from services.reconcile import LostItems
 from shared.bus import ensure_all, get_msg, purge_work, signal_work
 from shared.client import CommitClient, LoopClient
 from shared.content import AIMessage, text_of, user_text
@@ -178,7 +179,7 @@ async def test_work_that_no_drive_took_up_is_signalled_again(
     # A loop has been left with a record that needed a drive and no work item (model-step replicas
     # killed). With no model-step running, the item is taken away here after each record; the
     # committer queues the work again once no drive wrote and none holds the loop's lease.
-    monkeypatch.setattr(watch, "FIRST_LOOK_SECONDS", 0.5)
+    monkeypatch.setattr(reconcile, "FIRST_LOOK_SECONDS", 0.5)
     names = settings.names
     async with running_committer(settings):
         lc = LoopClient(nc, names)
