@@ -30,14 +30,16 @@ from pathlib import Path
 
 import anyio
 
-from shared.bus import connect, ensure_all, js_publish
+from services.deployment import Deployment, service_command
 from shared.client import CommitClient
 from shared.codec import encode_event
+from shared.connect import connect
 from shared.content import Usage, ai_text
 from shared.events import LoopStarted, StepDone, make
 from shared.natsserver import NatsCluster, NatsServer
-from shared.procs import ServiceProcess
+from shared.publish import js_publish
 from shared.settings import Settings
+from shared.streams import ensure_all
 from shared.subjects import H_EXPECTED_LAST_SUBJECT_SEQ, H_EXPECTED_STREAM, H_MSG_ID
 
 
@@ -165,20 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         server = NatsServer(store_dir=str(work / "nats")).start()
         urls, replicas = [server.url], 1
     settings = Settings.from_env({}, nats_urls=tuple(urls), prefix="bench", replicas=replicas)
-    env = {"LW_NATS_URL": ",".join(urls), "LW_PREFIX": "bench", "LW_REPLICAS": str(replicas), "LW_LOG_LEVEL": "WARNING"}
-    procs = [
-        ServiceProcess(f"committer-{i}", ["-m", "services.committer"], env, log_path=str(work / f"committer-{i}.log"))
-        for i in range(args.committers)
-    ]
+    committers = Deployment.for_settings(settings, work, log_level="WARNING")
     try:
-        for proc in procs:
-            proc.start(timeout=60)
+        for _ in range(args.committers):
+            committers.start("committer", service_command("committer"), timeout=60)
         results = anyio.run(bench, settings, args.ops, args.concurrent_ops)
         kind = "3-node cluster, R3" if args.cluster else "single server, R1 (file storage)"
         print(report(results, f"commit latency: {kind}, {args.committers} committer process(es)"))
     finally:
-        for proc in procs:
-            proc.stop()
+        committers.stop_all()
         if cluster is not None:
             cluster.cleanup()
         if server is not None:

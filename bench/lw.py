@@ -2,8 +2,8 @@
 
 :class:`Deployment` starts one nats-server (R1) or a 3-node cluster (R3: every process connects to
 its first node, ``LW_NATS_IN_ORDER``, like the floor's clients), ``replicas`` committers,
-calculator tool workers and model-step replicas (``shared.procs``), and runs loops of the workload
-through the loop API.
+calculator tool workers and model-step replicas (a ``services.deployment`` :class:`Deployment`),
+and runs loops of the workload through the loop API.
 
 Step timings are the records' own: JetStream stamps every stored message with the server's clock
 (``Nats-Time-Stamp``), and :meth:`Deployment.run_loops` reads the loops' records back once they
@@ -39,13 +39,16 @@ from nats.aio.msg import Msg
 
 from bench.common import pct
 from bench.workload import USER_TEXT, write_script
-from shared.bus import connect, direct_get_batch, ensure_all
+from services import deployment
 from shared.client import LoopClient
+from shared.connect import connect
 from shared.connection import request
 from shared.events import Limits
 from shared.natsserver import NatsCluster, NatsServer
 from shared.procs import ServiceProcess, Supervisor
 from shared.settings import Settings
+from shared.streamreads import direct_get_batch
+from shared.streams import ensure_all
 from shared.subjects import H_SEQUENCE, H_TIMESTAMP, js_api
 
 PREFIX = "bench"
@@ -141,9 +144,9 @@ class Deployment:
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
     server: NatsServer | None = None
     nats_cluster: NatsCluster | None = None
-    sup: Supervisor = field(default_factory=Supervisor)
     urls: list[str] = field(default_factory=list)
     nc: NATS | None = None
+    services: deployment.Deployment | None = None
     _traces: dict[str, LoopTrace] = field(default_factory=dict)
 
     @property
@@ -157,17 +160,9 @@ class Deployment:
         )
 
     @property
-    def env(self) -> dict[str, str]:
-        return {
-            "LW_NATS_URL": ",".join(self.urls),
-            "LW_PREFIX": PREFIX,
-            "LW_REPLICAS": "3" if self.cluster else "1",
-            # On the cluster every process connects to the first node, as the floor's clients do.
-            "LW_NATS_IN_ORDER": "1" if self.cluster else "0",
-            "LW_LOG_LEVEL": "WARNING",
-            "LW_MODEL_STEP_CONCURRENCY": "512",
-            **self.env_extra,
-        }
+    def sup(self) -> Supervisor:
+        assert self.services is not None, "start_nats() first"
+        return self.services.sup
 
     # --- life cycle
 
@@ -178,27 +173,32 @@ class Deployment:
         else:
             self.server = NatsServer(store_dir=str(self.work / "nats")).start()
             self.urls = [self.server.url]
+        extra = {
+            # On the cluster every process connects to the first node, as the floor's clients do.
+            "LW_NATS_IN_ORDER": "1" if self.cluster else "0",
+            "LW_MODEL_STEP_CONCURRENCY": "512",
+            **self.env_extra,
+        }
+        self.services = deployment.Deployment.for_settings(self.settings, self.work, log_level="WARNING", env=extra)
 
     def _svc(self, name: str, args: list[str]) -> ServiceProcess:
-        n = len(self.sup.by_name(name))
-        return self.sup.start(
-            ServiceProcess(name, args, self.env, log_path=str(self.work / f"{name}-{n}.log")), timeout=60
-        )
+        assert self.services is not None, "start_nats() first"
+        return self.services.start(name, args, timeout=60)
 
     def start_committers(self) -> None:
         for _ in range(self.replicas):
-            self._svc("committer", ["-m", "services.committer"])
+            self._svc("committer", deployment.service_command("committer"))
 
     def start_tools(self) -> None:
         for _ in range(self.replicas):
-            self._svc("tools", ["-m", "services.tools", "calculator"])
+            self._svc("tools", deployment.tool_command("calculator"))
 
     def start_model_steps(self) -> None:
         for _ in range(self.replicas):
             self.model_step()
 
     def model_step(self) -> ServiceProcess:
-        return self._svc("model-step", ["-m", "services.model_step"])
+        return self._svc("model-step", deployment.service_command("model-step"))
 
     def start(self) -> Deployment:
         self.start_nats()
@@ -218,7 +218,8 @@ class Deployment:
             self.nc = None
 
     def stop(self) -> None:
-        self.sup.stop_all(timeout=10)
+        if self.services is not None:
+            self.services.stop_all(timeout=10)
         if self.nats_cluster is not None:
             self.nats_cluster.cleanup()
         if self.server is not None:

@@ -21,15 +21,9 @@ from services.model_step.models import (
 from services.tools import Tool, ToolContext, ToolOutput, run_worker, tool
 from services.tools.agent import agent_tool, child_loop_id
 from services.tools.sdk import CallFailed
-from shared.bus import (
-    IncompatibleConfigError,
-    JetStreamError,
-    JetStreamUnavailableError,
-    PayloadTooLargeError,
-    connect,
-)
 from shared.client import ApiResult, LoopClient
 from shared.codec import decode_event, decode_live_frame, encode_event
+from shared.connect import connect
 from shared.content import (
     AIMessage,
     Block,
@@ -109,6 +103,7 @@ from shared.events import (
     UserInputRequested,
 )
 from shared.history import GateState, LoopHistory, OpenTurn, fold, load, loops, replay
+from shared.jserrors import IncompatibleConfigError, JetStreamError, JetStreamUnavailableError, PayloadTooLargeError
 from shared.protocol import (
     ClosedError,
     ConflictError,

@@ -19,31 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from services.deployment import Deployment, console_command, service_command, service_env, tool_command
 from shared.natsserver import NatsServer, free_port
-from shared.procs import ServiceProcess, Supervisor
+from shared.procs import ServiceProcess
 from shared.settings import Settings
 
 # The built-in tools, in the order they are started (importing the tool SDK just to list them
-# would cost every `loopwire` start-up ~0.3 s; a unit test keeps this equal to BUILTINS).
+# would slow every `loopwire` start-up; a unit test keeps this equal to BUILTINS).
 BUILTIN_TOOLS: Final = ("calculator", "clock", "kv_memory", "read_file", "list_dir", "http_get", "sleep", "ask_user")
 STACK_ID_VAR: Final = "LOOPWIRE_EMBEDDED_ID"
 START_TIMEOUT: Final = 60.0
 STOP_TIMEOUT: Final = 10.0
-# Variables of another deployment that must not reach the services of an embedded one.
-_NOT_INHERITED: Final = (
-    "LW_NATS_USER",
-    "LW_NATS_PASSWORD",
-    "LW_NATS_CREDS",
-    "LW_NATS_TLS_CA",
-    "LW_NATS_TLS_CERT",
-    "LW_NATS_TLS_KEY",
-    "LW_NATS_INBOX_PREFIX",
-)
-
-
-def service_command(*args: str) -> list[str]:
-    """Arguments after the interpreter for one service process."""
-    return ["-m", "services.cli", "serve", *args]
 
 
 @dataclass
@@ -61,7 +47,7 @@ class EmbeddedStack:
     metrics: bool = False  # every service serves /metrics on a port of its own (metric_ports)
     metric_ports: dict[str, int] = field(default_factory=dict)
     server: NatsServer | None = None
-    supervisor: Supervisor = field(default_factory=Supervisor)
+    deployment: Deployment | None = None
     stack_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Keep a temporary data directory at stop: its logs are what explains a failure.
     keep_data: bool = False
@@ -79,37 +65,29 @@ class EmbeddedStack:
     def settings(self) -> Settings:
         return Settings.from_env({}, nats_urls=(self.url,), prefix=self.prefix)
 
-    def env(self) -> dict[str, str]:
-        env = dict.fromkeys(_NOT_INHERITED, "")  # empty = the default (no auth on the embedded server)
-        env.update(
-            {
-                "LW_NATS_URL": self.url,
-                "LW_PREFIX": self.prefix,
-                "LW_REPLICAS": "1",
-                "LW_LOG_LEVEL": self.log_level,
-            }
-        )
-        if self.model:
-            env["LW_MODEL"] = self.model
-        if self.chunk_delay > 0:
-            env["LW_DEMO_CHUNK_DELAY"] = str(self.chunk_delay)
-        env[STACK_ID_VAR] = self.stack_id  # lets stop() recognise its own children
-        return env
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        return self.deployment.processes if self.deployment is not None else []
 
-    def services(self) -> list[ServiceProcess]:
-        env = self.env()
-        logs = self.log_dir
+    def env(self) -> dict[str, str]:
+        extra = {STACK_ID_VAR: self.stack_id}  # lets stop() recognise its own children
+        if self.model:
+            extra["LW_MODEL"] = self.model
+        if self.chunk_delay > 0:
+            extra["LW_DEMO_CHUNK_DELAY"] = str(self.chunk_delay)
+        # Isolated: no auth variables of another deployment (none on the embedded server).
+        return service_env((self.url,), self.prefix, log_level=self.log_level, isolated=True, extra=extra)
+
+    def services(self, deployment: Deployment) -> list[ServiceProcess]:
+        """The stack's processes (not started): committer, model-step, a worker per tool, the console."""
+        d = deployment
         out = [
-            ServiceProcess("committer", service_command("committer"), env, log_path=str(logs / "committer.log")),
-            ServiceProcess("model-step", service_command("model-step"), env, log_path=str(logs / "model-step.log")),
+            d.process("committer", service_command("committer"), log_name="committer.log"),
+            d.process("model-step", service_command("model-step"), log_name="model-step.log"),
         ]
-        for name in self.tools:
-            out.append(
-                ServiceProcess(f"tool-{name}", service_command("tool", name), env, log_path=str(logs / f"{name}.log"))
-            )
+        out += [d.process(f"tool-{name}", tool_command(name), log_name=f"{name}.log") for name in self.tools]
         if self.console_port is not None:
-            args = ["-m", "services.cli", "console", "--port", str(self.console_port)]
-            out.append(ServiceProcess("console", args, env, log_path=str(logs / "console.log")))
+            out.append(d.process("console", console_command(self.console_port), log_name="console.log"))
         if self.metrics:
             for svc in out:
                 port = self.metric_ports.setdefault(svc.name, free_port())
@@ -137,18 +115,17 @@ class EmbeddedStack:
             log_file=str(self.log_dir / "nats-server.log"),
         )
         self.server.start(timeout=timeout)
-        procs = self.services()
-        for svc in procs:  # from this (main) thread: PDEATHSIG follows the thread that forks
-            self.supervisor.start(svc, wait=False)
-        for svc in procs:
-            svc.wait_ready(timeout)
+        self.deployment = Deployment(self.env(), self.log_dir)
+        # from this (main) thread: PDEATHSIG follows the thread that forks
+        self.deployment.start_all(self.services(self.deployment), timeout=timeout)
 
     def dead(self) -> list[ServiceProcess]:
-        return [s for s in self.supervisor.services if not s.running]
+        return self.deployment.dead() if self.deployment is not None else []
 
     def stop(self) -> None:
         """Stop services (graceful, then killed), NATS, and remove a temporary data directory."""
-        self.supervisor.stop_all(timeout=STOP_TIMEOUT)
+        if self.deployment is not None:
+            self.deployment.stop_all(timeout=STOP_TIMEOUT)
         if self.server is not None:
             self.server.stop()
         self._kill_strays()

@@ -45,7 +45,6 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from shared import telemetry
-from shared.bus import JetStreamError, JetStreamUnavailableError, get_msg, signal_work, subjects
 from shared.events import (
     Event,
     GateOpened,
@@ -56,8 +55,11 @@ from shared.events import (
     UserInputRequested,
 )
 from shared.history import LoopHistory, load
+from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.settings import Settings
+from shared.streamreads import get_msg, subjects
 from shared.subjects import Names
+from shared.worksignals import signal_work
 
 log = logging.getLogger("loopwire.reconcile")
 

@@ -17,7 +17,7 @@ from anyio.abc import TaskGroup
 
 from services.lifecycle import Service, let_go_of_silent, raise_single
 from shared import logfmt, metrics, telemetry
-from shared.bus import broker_reachable
+from shared.connect import broker_reachable
 from shared.errors import NatsUnreachableError
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE

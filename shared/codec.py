@@ -25,7 +25,8 @@ from shared.errors import (
     UnknownEventTypeError,
     UnsupportedSchemaError,
 )
-from shared.events import EPHEMERAL_TYPES, EVENT_TYPES, AnyEvent, Class, Event, event_class
+from shared.eventkinds import Class
+from shared.events import EPHEMERAL_TYPES, EVENT_TYPES, AnyEvent, Event, event_class
 from shared.validate import validate_event
 
 __all__ = [
@@ -96,8 +97,7 @@ def encode_event(
 # TurnFoldedInto and TurnDone; and LoopStarted, whose only free-form content is two maps of typed
 # values (policy, retries), checked here for keys that differ only in case. Anything else, or any
 # difference at all, and any invalid event, takes the full strict path, so what is accepted and every
-# error are unchanged.
-# (Measured: 40 µs → ~20 µs per StepDone record; replay and the committer decode every record.)
+# error are unchanged. Replay and the committer decode every record, so this halves a hot cost.
 
 _CANON_PREFIX: Final = b'{"v":1,"type":"'
 

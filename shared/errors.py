@@ -17,10 +17,10 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── UsageOverflowError
     ├── StrictJSONError                   (also ValueError) not strict JSON
     ├── ForkPointError                    (also ValueError) not a valid fork point
-    ├── JetStreamError                    shared.bus: the JetStream API answered with an error
-    ├── JetStreamUnavailableError         shared.bus: no answer from JetStream
-    ├── PayloadTooLargeError              shared.bus: over the server's max_payload
-    ├── IncompatibleConfigError           shared.bus: a stream or bucket exists, configured otherwise
+    ├── JetStreamError                    shared.jserrors: the JetStream API answered with an error
+    ├── JetStreamUnavailableError         shared.jserrors: no answer from JetStream
+    ├── PayloadTooLargeError              shared.jserrors: over the server's max_payload
+    ├── IncompatibleConfigError           shared.jserrors: a stream or bucket exists, configured otherwise
     ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError
@@ -46,7 +46,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── LeaseLost                         services.model_step.lease: the loop's lease is gone
     ├── StepAbandoned                     the history moved under a step
     ├── CommitRefused                     the committer refused a step
-    └── ApiError                          services.console.app: a request the console refuses
+    └── ApiError                          services.console.errors: a request the console refuses
 """
 
 from __future__ import annotations

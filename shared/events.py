@@ -17,24 +17,33 @@ import os
 import time
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
 from shared.content import AIMessage, Message, Usage, UserMessage
+from shared.eventkinds import Class, Profile, Scope
 from shared.wiretypes import (
     ALLOW,
+    RETRYABLE_OUTCOMES,
     UNSET,
     CauseRef,
+    ChunkKind,
+    ContextStrategy,
     Count,
+    DecisionEffect,
     EnvelopeVersion,
+    GateAction,
+    GateKind,
     GateReason,
     LimitValue,
     NonBlank,
     NonEmpty,
     OnBudget,
     OnUnknown,
+    PermissionEffect,
+    PermissionReason,
+    PolicyEffect,
     PolicyKey,
     PreviewText,
     Reexecution,
@@ -44,92 +53,11 @@ from shared.wiretypes import (
     SummaryText,
     ToolName,
     TraceparentOrEmpty,
+    TurnFailedKind,
     TurnIndex,
     Uuid,
     UuidOrEmpty,
 )
-from shared.wiretypes import (
-    DECISION_EFFECTS as DECISION_EFFECTS,
-)
-from shared.wiretypes import (
-    GATE_ACTIONS as GATE_ACTIONS,
-)
-from shared.wiretypes import (
-    GATE_KINDS as GATE_KINDS,
-)
-from shared.wiretypes import (
-    GATE_REASONS as GATE_REASONS,
-)
-from shared.wiretypes import (
-    ON_BUDGET_OUTCOMES as ON_BUDGET_OUTCOMES,
-)
-from shared.wiretypes import (
-    ON_UNKNOWN_OUTCOMES as ON_UNKNOWN_OUTCOMES,
-)
-from shared.wiretypes import (
-    PERMISSION_EFFECTS as PERMISSION_EFFECTS,
-)
-from shared.wiretypes import (
-    PERMISSION_REASONS as PERMISSION_REASONS,
-)
-from shared.wiretypes import (
-    POLICY_EFFECTS as POLICY_EFFECTS,
-)
-from shared.wiretypes import (
-    REEXECUTIONS as REEXECUTIONS,
-)
-from shared.wiretypes import (
-    RETRYABLE_OUTCOMES as RETRYABLE_OUTCOMES,
-)
-from shared.wiretypes import (
-    TURN_FAILED_KINDS as TURN_FAILED_KINDS,
-)
-from shared.wiretypes import (
-    ChunkKind as ChunkKind,
-)
-from shared.wiretypes import ContextStrategy as ContextStrategy
-from shared.wiretypes import (
-    DecisionEffect as DecisionEffect,
-)
-from shared.wiretypes import (
-    GateAction as GateAction,
-)
-from shared.wiretypes import (
-    GateKind as GateKind,
-)
-from shared.wiretypes import (
-    PermissionEffect as PermissionEffect,
-)
-from shared.wiretypes import (
-    PermissionReason as PermissionReason,
-)
-from shared.wiretypes import (
-    PolicyEffect as PolicyEffect,
-)
-from shared.wiretypes import (
-    TurnFailedKind as TurnFailedKind,
-)
-
-
-class Class(StrEnum):
-    EPHEMERAL = "ephemeral"
-    ENDURING = "enduring"
-
-
-class Scope(StrEnum):
-    LOOP = "loop"
-    SESSION = "session"
-
-
-class Profile(StrEnum):
-    """Which identity coordinates an event must (and must not) carry."""
-
-    LOOP = "loop"  # loop_id; no turn/step/tool ids
-    TURN = "turn"  # loop_id + turn_id; no step/tool ids
-    STEP = "step"  # loop_id + turn_id + step_id; no tool id
-    TOOL = "tool"  # loop_id + turn_id + step_id + tool_execution_id
-    GATE = "gate"  # like STEP; tool_execution_id optional (the gated call)
-
 
 # --- header -------------------------------------------------------------------------------------
 

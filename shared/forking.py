@@ -20,7 +20,6 @@ from typing import Any, Final
 import msgspec
 from nats.aio.client import Client as NATS
 
-from shared.bus import get_msg
 from shared.codec import decode_event
 from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, clone, tool_uses
 from shared.errors import ForkPointError as ForkPointError
@@ -47,6 +46,7 @@ from shared.events import (
     execution_id_for,
     step_id_for,
 )
+from shared.streamreads import get_msg
 from shared.strictjson import StrictJSONError, loads
 from shared.subjects import Names
 

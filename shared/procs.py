@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,8 +135,23 @@ class Supervisor:
         self.services.append(svc)
         return svc.start(timeout=timeout, wait=wait)
 
+    def start_all(self, procs: Sequence[ServiceProcess], *, timeout: float = 30.0) -> None:
+        """Start every process at once, then wait for each READY (faster than one after the other)."""
+        for svc in procs:
+            self.start(svc, wait=False)
+        for svc in procs:
+            svc.wait_ready(timeout)
+
+    def remove(self, svc: ServiceProcess) -> None:
+        """Forget ``svc`` (stopped, or about to be replaced): :meth:`stop_all` no longer sees it."""
+        self.services.remove(svc)
+
     def by_name(self, name: str) -> list[ServiceProcess]:
         return [s for s in self.services if s.name == name]
+
+    def dead(self) -> list[ServiceProcess]:
+        """The processes that exited (or never started)."""
+        return [s for s in self.services if not s.running]
 
     def stop_all(self, timeout: float = 15.0) -> None:
         for svc in reversed(self.services):

@@ -37,8 +37,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.backoff import retry
-from shared.bus import JetStreamError, JetStreamUnavailableError, check_payload, get_msg, js_publish, parse_ack
 from shared.events import SuspendedStep
+from shared.jserrors import JetStreamError, JetStreamUnavailableError
+from shared.publish import check_payload, js_publish, parse_ack
+from shared.streamreads import get_msg
 from shared.subjects import H_STATUS, Names, kv_stream
 
 STARTED: Final = "started"

@@ -44,7 +44,7 @@ def _no_constants(name: str) -> Any:
 
 
 # One decoder for every call: json.loads(..., object_pairs_hook=...) builds a new JSONDecoder (and
-# its scanner) per call, which cost about half of a small document's parse (measured 5.7 → 2.9 µs).
+# its scanner) per call, about half of a small document's parse (docs/benchmarks.md).
 _DECODER: Final = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
 
 

@@ -4,10 +4,9 @@ OpenAI models are counted with their own tokenizer (``bpe_openai``: the o200k_ba
 vocabularies ship inside the package, nothing is downloaded at run time), and so are the demo and
 scripted models, which send nothing anywhere. Other models (Anthropic, whose tokenizer is not
 published, and any other provider) get an estimate: o200k_base's count times ESTIMATE_MARGIN,
-rounded up. No ratio of bytes to tokens is both safe and not wasteful: measured
-with o200k_base, random base64 runs 1.5 bytes a token, dense JSON 1.8, prose 3.8 and code 4.5.
-A tokenizer follows the text's kind; the margin covers Anthropic's tokenizers, which make up to
-about a third more tokens of the same text than OpenAI's.
+rounded up. No ratio of bytes to tokens is both safe and not wasteful (base64, JSON, prose and code
+differ by a factor of three; docs/context.md). A tokenizer follows the text's kind; the margin covers
+Anthropic's tokenizers, which make up to about a third more tokens of the same text than OpenAI's.
 
 A message costs its content plus MESSAGE_OVERHEAD (role and framing); a tool use its name, id and
 input JSON; an image IMAGE_TOKENS whatever its size (providers scale images down to about 1.15

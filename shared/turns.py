@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Literal, cast
+from typing import Literal, cast
 
 from nats.aio.client import Client as NATS
 
@@ -20,17 +20,15 @@ from shared.events import (
     LoopClosed,
     StepDone,
     TurnDone,
-    TurnFailed,
     TurnFoldedInto,
-    TurnInterrupted,
     TurnStarted,
     ends_turn,
 )
-from shared.history import replay
+from shared.history import TURN_ENDINGS, TurnEnding, replay
 from shared.subjects import Names
 
-# How a turn ended.
-TurnEnd = Literal["done", "failed", "interrupted", "closed"]
+# How a turn ended: its terminal record (``shared.history.TURN_ENDINGS``), or the loop was closed.
+TurnEnd = Literal[TurnEnding, "closed"]
 
 
 @dataclass
@@ -41,9 +39,6 @@ class TurnOutcome:
     answer: str
     event: Event | None
     seq: int
-
-
-_OUTCOMES: Final[dict[type[Event], TurnEnd]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
 
 
 def answer_text(events: Iterable[Event]) -> str:
@@ -75,7 +70,7 @@ class TurnTracker:
             self.seen.append(e)
             if ends_turn(e):
                 self.result = TurnOutcome(
-                    self.loop_id, self.turn_id, _OUTCOMES[type(e)], answer_text(self.seen), e, seq
+                    self.loop_id, self.turn_id, TURN_ENDINGS[type(e)], answer_text(self.seen), e, seq
                 )
         elif isinstance(e, LoopClosed):
             self.result = TurnOutcome(self.loop_id, self.turn_id, "closed", answer_text(self.seen), e, seq)

@@ -27,14 +27,24 @@ from shared.content import (
     UserMessage,
 )
 from shared.errors import InvalidEventError, Rule
-from shared.events import Class, Event, Profile
+from shared.eventkinds import Class, Profile
+from shared.events import Event
 from shared.strictjson import is_strict
 from shared.wiretypes import (
+    DECISION_EFFECTS,
+    GATE_ACTIONS,
+    GATE_KINDS,
+    ON_UNKNOWN_OUTCOMES,
+    PERMISSION_EFFECTS,
+    PERMISSION_REASONS,
+    POLICY_EFFECTS,
     PREVIEW_MAX_BYTES,
     PREVIEW_MAX_LINES,
+    RETRYABLE_OUTCOMES,
     RFC3339_PATTERN,
     SUMMARY_MAX_BYTES,
     TOOL_NAME_PATTERN,
+    TURN_FAILED_KINDS,
     UUID_PATTERN,
 )
 
@@ -205,16 +215,15 @@ def _loop_started(name: str, e: Event, strict: bool = True) -> None:
     ):
         raise _fail(name, "tools", Rule.INVALID)
     if not isinstance(e.policy, dict) or not all(
-        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.search(k)) and v in ev.POLICY_EFFECTS
-        for k, v in e.policy.items()
+        isinstance(k, str) and (k == "*" or TOOL_NAME_RE.search(k)) and v in POLICY_EFFECTS for k, v in e.policy.items()
     ):
         raise _fail(name, "policy", Rule.INVALID)
     _distinct_keys(name, "policy", e.policy)
     _distinct_keys(name, "retries", e.retries)
-    if e.default_policy not in ev.POLICY_EFFECTS:
+    if e.default_policy not in POLICY_EFFECTS:
         raise _fail(name, "default_policy", Rule.INVALID)
     _check_limits(name, e.limits)
-    if e.on_unknown not in ev.ON_UNKNOWN_OUTCOMES:
+    if e.on_unknown not in ON_UNKNOWN_OUTCOMES:
         raise _fail(name, "on_unknown", Rule.INVALID)
     if not isinstance(e.retries, dict) or not all(
         isinstance(k, str) and TOOL_NAME_RE.match(k) and _retry_ok(v) for k, v in e.retries.items()
@@ -238,7 +247,7 @@ def _retry_ok(r: object) -> bool:
         return False
     if not isinstance(r.max_attempts, int) or not 1 <= r.max_attempts <= 100:
         return False
-    if not isinstance(r.retry_on, list) or not all(o in ev.RETRYABLE_OUTCOMES for o in r.retry_on):
+    if not isinstance(r.retry_on, list) or not all(o in RETRYABLE_OUTCOMES for o in r.retry_on):
         return False
     lo, hi = r.initial_backoff_seconds, r.max_backoff_seconds
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 <= lo <= hi <= 3600
@@ -343,7 +352,7 @@ def _context_compacted(name: str, e: Event, strict: bool = True) -> None:
 def _turn_failed(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.TurnFailed)
     _turn_index(name, e.turn_index)
-    if not isinstance(e.err, ev.TurnError) or e.err.kind not in ev.TURN_FAILED_KINDS:
+    if not isinstance(e.err, ev.TurnError) or e.err.kind not in TURN_FAILED_KINDS:
         raise _fail(name, "err", Rule.INVALID)
     if not isinstance(e.err.message, str):
         raise _fail(name, "err", Rule.INVALID)
@@ -363,9 +372,9 @@ def _permission_requested(name: str, e: Event, strict: bool = True) -> None:
 
 def _permission_decided(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.PermissionDecided)
-    if e.effect not in ev.PERMISSION_EFFECTS:
+    if e.effect not in PERMISSION_EFFECTS:
         raise _fail(name, "effect", Rule.INVALID)
-    if e.reason not in ev.PERMISSION_REASONS:
+    if e.reason not in PERMISSION_REASONS:
         raise _fail(name, "reason", Rule.INVALID)
 
 
@@ -382,9 +391,9 @@ def _user_input_requested(name: str, e: Event, strict: bool = True) -> None:
 def _gate_opened(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.GateOpened)
     g = e.gate
-    if not isinstance(g, ev.Gate) or not is_uuid(g.id) or g.kind not in ev.GATE_KINDS:
+    if not isinstance(g, ev.Gate) or not is_uuid(g.id) or g.kind not in GATE_KINDS:
         raise _fail(name, "gate", Rule.INVALID)
-    if not isinstance(g.controls, list) or not all(c in ev.GATE_ACTIONS for c in g.controls):
+    if not isinstance(g.controls, list) or not all(c in GATE_ACTIONS for c in g.controls):
         raise _fail(name, "gate", Rule.INVALID)
     s = g.step
     if s is not None and (
@@ -393,7 +402,7 @@ def _gate_opened(name: str, e: Event, strict: bool = True) -> None:
         or not _blocks_ok(s.message, strict)
         or not isinstance(s.calls, list)
         or not all(isinstance(c, ev.RawToolUse) for c in s.calls)
-        or not all(isinstance(d, ev.Decision) and d.effect in ev.DECISION_EFFECTS for d in s.decisions)
+        or not all(isinstance(d, ev.Decision) and d.effect in DECISION_EFFECTS for d in s.decisions)
     ):
         raise _fail(name, "gate", Rule.INVALID)
 
@@ -402,7 +411,7 @@ def _gate_resolved(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.GateResolved)
     if not is_uuid(e.gate_id):
         raise _fail(name, "gate_id", Rule.INVALID)
-    if e.action not in ev.GATE_ACTIONS:
+    if e.action not in GATE_ACTIONS:
         raise _fail(name, "action", Rule.INVALID)
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.bus import connect
+from shared.connect import connect
 from shared.natsserver import NatsCluster, NatsServer
 from shared.settings import Settings
 from tests import natsfixtures

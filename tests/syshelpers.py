@@ -1,7 +1,8 @@
 """System-test helpers: every service as its own OS process, driven only through NATS.
 
-``System`` starts committers, model-step replicas and tool workers with ``shared.procs`` against a
-given NATS URL and prefix; results are read back only from the replayed history.
+``System`` starts committers, model-step replicas and tool workers (a ``services.deployment``
+:class:`Deployment`) against a given NATS URL and prefix; results are read back only from the
+replayed history.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -22,6 +23,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.deployment import Deployment, service_command, tool_command
 from shared import events as ev
 from shared.codec import decode_live_frame
 from shared.events import Event
@@ -60,40 +62,41 @@ TOOL_TURN_HISTORY: Final = [
 
 @dataclass
 class System:
-    settings: Settings
-    log_dir: Path
-    env: dict[str, str]
-    sup: Supervisor = field(default_factory=Supervisor)
-    counter: int = 0
+    """Service processes of one test (a :class:`Deployment`) against the test's NATS and prefix."""
 
-    def _log(self, name: str) -> str:
-        self.counter += 1
-        return str(self.log_dir / f"{name}-{self.counter}.log")
+    settings: Settings
+    deployment: Deployment
+
+    @property
+    def log_dir(self) -> Path:
+        return self.deployment.log_dir
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.deployment.env
+
+    @property
+    def sup(self) -> Supervisor:
+        return self.deployment.sup
 
     def start(self, name: str, args: list[str], *, env: dict[str, str] | None = None) -> ServiceProcess:
-        return self.sup.start(ServiceProcess(name, args, {**self.env, **(env or {})}, log_path=self._log(name)))
+        return self.deployment.start(name, args, env)
 
     def committer(self) -> ServiceProcess:
-        return self.start("committer", ["-m", "services.committer"])
+        return self.start("committer", service_command("committer"))
 
     def model_step(self, **env: str) -> ServiceProcess:
-        return self.start("model-step", ["-m", "services.model_step"], env=env)
+        return self.start("model-step", service_command("model-step"), env=env)
 
     def tools(self, *names: str, **env: str) -> ServiceProcess:
-        return self.start("tools-" + "-".join(names), ["-m", "services.tools", *names], env=env)
+        return self.start("tools-" + "-".join(names), tool_command(*names), env=env)
 
     def replace(self, svc: ServiceProcess) -> ServiceProcess:
         """Start a fresh process of the same service (after a kill)."""
-        svc.stop(timeout=5)
-        new = ServiceProcess(svc.name, svc.args, svc.env, log_path=self._log(svc.name))
-        self.sup.services.remove(svc)
-        return self.sup.start(new)
+        return self.deployment.replace(svc)
 
     def logs(self) -> str:
-        out = []
-        for p in sorted(self.log_dir.glob("*.log")):
-            out.append(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]))
-        return "\n".join(out)
+        return self.deployment.log_tails()
 
 
 @contextmanager
@@ -105,16 +108,9 @@ def system(
     tools: Sequence[str] = ("calculator", "clock"),
     env: dict[str, str] | None = None,
 ) -> Iterator[System]:
-    base_env = {
-        "LW_NATS_URL": ",".join(settings.nats_urls),
-        "LW_PREFIX": settings.prefix,
-        "LW_REPLICAS": str(settings.replicas),
-        "LW_LOG_LEVEL": "INFO",
-        **(env or {}),
-    }
     with tempfile.TemporaryDirectory(prefix="lw-sys-") as d:
-        s = System(settings=settings, log_dir=Path(d), env=base_env)
-        try:
+        s = System(settings, Deployment.for_settings(settings, Path(d), env=env))
+        with s.deployment.stopped_on_exit():
             for _ in range(committers):
                 s.committer()
             if tools:
@@ -122,11 +118,6 @@ def system(
             for _ in range(model_steps):
                 s.model_step()
             yield s
-        except BaseException:
-            print(s.logs())
-            raise
-        finally:
-            s.sup.stop_all()
 
 
 def write_script(tmp: Path, responses: Any, name: str = "script.json") -> str:

@@ -29,9 +29,10 @@ from typing import Any
 
 from bench.common import Row, pct, table
 from bench.lw import event_ids
+from bench.meter import RunMeter
 from bench.peers.proto import Collected, Worker
 from bench.profile import GroupCpu
-from bench.scenarios import RunMeter, _http_ports, _pids
+from bench.scenarios import _http_ports, _pids
 from shared.settings import Settings
 
 DURABILITY = {
@@ -351,14 +352,13 @@ def _restate(sz: dict[str, int], _pg: Any) -> list[Row]:
     from shared.natsserver import free_port
 
     server = RestateServer().start()
-    work = server.work
     port = free_port()
     service: list[Worker] = []
 
     def start_service() -> Worker:
         w = Worker(
             ["-m", "hypercorn", "--workers", "0", "bench.peers.restate_peer:app", "--bind", f"127.0.0.1:{port}"],
-            log_path=str(work / "service.log"),
+            log_path=str(server.work / "service.log"),
             group=True,
         )
         service.append(w)
@@ -368,73 +368,15 @@ def _restate(sz: dict[str, int], _pg: Any) -> list[Row]:
         svc = start_service()
         server.register(f"http://127.0.0.1:{port}")
         rows = []
-
-        def drive(prefix: str, loops: int, steps: int) -> Worker:
-            d = Worker(
-                [
-                    "-m",
-                    "bench.peers.restate_peer",
-                    "drive",
-                    "--ingress",
-                    server.ingress,
-                    "--loops",
-                    str(loops),
-                    "--steps",
-                    str(steps),
-                    "--prefix",
-                    prefix,
-                ],
-                log_path=str(work / "drive.log"),
-            )
-            d.wait_ready()
-            return d
-
-        def run(prefix: str, loops: int, steps: int) -> tuple[Collected, float]:
-            d = drive(prefix, loops, steps)
-            d.pump(lambda c, _w: c.begin > 0, 120)  # warm-up done: measure the loops only
-            assert server.proc is not None
-            meter = GroupCpu([server.proc.pid, svc.proc.pid, d.proc.pid])
-            d.wait_done(loops, 600)
-            cpu = meter.stop()
-            d.stop()
-            # STEP lines come from the service process: pump what has arrived.
-            svc.pump(lambda c, _w: sum(1 for (lp, _k) in c.steps if lp.startswith(prefix + "-")) >= loops * steps, 30)
-            got = Collected(begin=d.collected.begin, done=d.collected.done)
-            got.steps = {k: t for k, t in svc.collected.steps.items() if k[0].startswith(prefix + "-")}
-            return got, cpu
-
         b0 = server.disk_bytes()
-        seq, _ = run("seq", 1, sz["seq"])
+        seq, _ = _restate_measure(server, svc, "seq", 1, sz["seq"])
         b1 = server.disk_bytes()
         rows.append(_collected_row("restate", "sequential", seq, sz["seq"], (b1 - b0) / sz["seq"]))
-        conc, cpu = run("conc", sz["loops"], sz["steps"])
+        conc, cpu = _restate_measure(server, svc, "conc", sz["loops"], sz["steps"])
         b2 = server.disk_bytes()
         n = sz["loops"] * sz["steps"]
         rows.append(_collected_row("restate", "concurrent", conc, n, (b2 - b1) / n, cpu))
-        # resume: kill the service process mid-loop, start a new one on the same port
-        d = drive("crash", 1, RESUME_STEPS)
-        loop = "crash-0"
-        if not svc.pump(lambda c, _w: c.max_k(loop) >= KILL_AFTER - 1, 120):
-            raise RuntimeError(f"restate: no progress before the crash: {svc.tail()}")
-        svc.kill()
-        t_kill = time.time()
-        seen = svc.collected.max_k(loop)
-        svc2 = start_service()
-        if not svc2.pump(lambda c, _w: c.max_k(loop) > seen, 120):
-            raise RuntimeError(f"restate: did not resume within 120 s: {svc2.tail()}")
-        t_next = min(t for (lp, k), t in svc2.collected.steps.items() if lp == loop and k > seen)
-        d.wait_done(1, 120)
-        d.stop()
-        rows.append(
-            Row(
-                scenario="peers",
-                system="restate",
-                config="resume after SIGKILL of the service process",
-                seconds=t_next - t_kill,
-                durability=DURABILITY["restate"],
-                extra={"mode": "resume"},
-            )
-        )
+        rows.append(_restate_resume(server, svc, start_service))
         for r in rows:
             r.extra["bytes_note"] = "on-disk growth of the server's data directory (RocksDB WAL + SST files)"
         return rows
@@ -442,6 +384,69 @@ def _restate(sz: dict[str, int], _pg: Any) -> list[Row]:
         for w in service:
             w.stop()
         server.stop()
+
+
+def _restate_drive(server: Any, prefix: str, loops: int, steps: int) -> Worker:
+    """Start the driver that invokes ``loops`` loops of ``steps`` steps through the ingress."""
+    d = Worker(
+        [
+            "-m",
+            "bench.peers.restate_peer",
+            "drive",
+            "--ingress",
+            server.ingress,
+            "--loops",
+            str(loops),
+            "--steps",
+            str(steps),
+            "--prefix",
+            prefix,
+        ],
+        log_path=str(server.work / "drive.log"),
+    )
+    d.wait_ready()
+    return d
+
+
+def _restate_measure(server: Any, svc: Worker, prefix: str, loops: int, steps: int) -> tuple[Collected, float]:
+    """Drive the loops to the end: their step times (from the service) and the CPU of all processes."""
+    d = _restate_drive(server, prefix, loops, steps)
+    d.pump(lambda c, _w: c.begin > 0, 120)  # warm-up done: measure the loops only
+    assert server.proc is not None
+    meter = GroupCpu([server.proc.pid, svc.proc.pid, d.proc.pid])
+    d.wait_done(loops, 600)
+    cpu = meter.stop()
+    d.stop()
+    # STEP lines come from the service process: pump what has arrived.
+    svc.pump(lambda c, _w: sum(1 for (lp, _k) in c.steps if lp.startswith(prefix + "-")) >= loops * steps, 30)
+    got = Collected(begin=d.collected.begin, done=d.collected.done)
+    got.steps = {k: t for k, t in svc.collected.steps.items() if k[0].startswith(prefix + "-")}
+    return got, cpu
+
+
+def _restate_resume(server: Any, svc: Worker, start_service: Callable[[], Worker]) -> Row:
+    """Kill the service process mid-loop, start a new one on the same port: kill → next step."""
+    d = _restate_drive(server, "crash", 1, RESUME_STEPS)
+    loop = "crash-0"
+    if not svc.pump(lambda c, _w: c.max_k(loop) >= KILL_AFTER - 1, 120):
+        raise RuntimeError(f"restate: no progress before the crash: {svc.tail()}")
+    svc.kill()
+    t_kill = time.time()
+    seen = svc.collected.max_k(loop)
+    svc2 = start_service()
+    if not svc2.pump(lambda c, _w: c.max_k(loop) > seen, 120):
+        raise RuntimeError(f"restate: did not resume within 120 s: {svc2.tail()}")
+    t_next = min(t for (lp, k), t in svc2.collected.steps.items() if lp == loop and k > seen)
+    d.wait_done(1, 120)
+    d.stop()
+    return Row(
+        scenario="peers",
+        system="restate",
+        config="resume after SIGKILL of the service process",
+        seconds=t_next - t_kill,
+        durability=DURABILITY["restate"],
+        extra={"mode": "resume"},
+    )
 
 
 # --- shared ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ``loopwire`` command: demo, up, serve, the client commands and the contract (schemas, AsyncAPI).
+"""The ``loopwire`` command: demo, up, serve, the client commands and ``schema`` (the contract, from services.contract).
 
 ``main`` is the console script's entry point; ``build_parser`` is the whole command line.
 """

@@ -1,7 +1,6 @@
-"""The ``loopwire`` command line: the argument parser and the dispatch of every sub-command.
+"""The ``loopwire`` command line: the argument parser (one function per command) and the entry point.
 
-Every sub-command is bound to its handler function (``set_defaults(handler=...)``). The services
-and the tool SDK are imported inside the handler that runs them, so the client commands start fast.
+Every sub-command is bound to its handler (``set_defaults(handler=...)``, see :mod:`services.cli.handlers`).
 Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
 """
 
@@ -11,18 +10,19 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final, TypeAlias
 
-from shared.settings import ENV_VARS, Settings, split_list
+from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
 DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
 PROG: Final = "loopwire"
 
-AsyncCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 Handler = Callable[[argparse.Namespace], int]
+if TYPE_CHECKING:
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -60,10 +60,19 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line) instead of text")
 
 
+def _command(
+    sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_, description=description or help_, formatter_class=_Formatter
+    )
+    if connects:
+        _connection_options(p, top=False)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
-    from services.cli import budgetcmd, budgets, commands, contextopts, forks
-
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -76,15 +85,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (
+        # all in one, then one service in the foreground
+        _add_demo,
+        _add_up,
+        _add_serve,
+        _add_console,
+        # client commands
+        _add_start,
+        _add_budget,
+        _add_send,
+        _add_history,
+        _add_tail,
+        _add_loops,
+        _add_gates,
+        _add_answers,
+        _add_interrupt_and_close,
+        _add_fork,
+        _add_lineage_and_diff,
+        _add_tools,
+        _add_schema,
+    ):
+        add(sub)
+    return parser
 
-    def command(name: str, help_: str, description: str = "", *, connects: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
-        if connects:
-            _connection_options(p, top=False)
-        return p
 
-    # --- all in one ---------------------------------------------------------------------------
-    p = command(
+def _add_demo(sub: Commands) -> None:
+    p = _command(
+        sub,
         "demo",
         "run a loop on an embedded NATS server with every service, live, then stop everything",
         "Start an embedded nats-server (free port, data in a temporary directory unless --data-dir), the "
@@ -104,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)")
     p.set_defaults(handler=handle_demo)
 
-    p = command(
+
+def _add_up(sub: Commands) -> None:
+    p = _command(
+        sub,
         "up",
         "run NATS and every service until Ctrl-C (for development)",
         "Start an embedded nats-server and every service as its own process and keep them running. Prints the "
@@ -129,8 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus /metrics from the services")
     p.set_defaults(handler=handle_up)
 
-    # --- one service in the foreground --------------------------------------------------------
-    p = command(
+
+def _add_serve(sub: Commands) -> None:
+    p = _command(
+        sub,
         "serve",
         "run one service in the foreground (what a container runs)",
         "Run one service until SIGTERM/SIGINT, then drain and exit 0. Configuration: LW_* variables.",
@@ -144,11 +177,73 @@ def build_parser() -> argparse.ArgumentParser:
     s = which.add_parser("tool", help="serve tools: built-in names or module:attr", formatter_class=_Formatter)
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
-    _mcp_parser(which)
-    _agent_parser(which)
+    _add_serve_mcp(which)
+    _add_serve_agent(which)
     p.set_defaults(handler=handle_serve)
 
-    p = command(
+
+def _add_serve_mcp(which: Commands) -> None:
+    s = which.add_parser(
+        "mcp",
+        usage="loopwire serve mcp [options] NAME (-- COMMAND [ARGS...] | --url URL)",
+        help="serve an MCP server's tools: NAME -- COMMAND [ARGS...] or NAME --url URL",
+        description="Serve every tool of one MCP server as the loopwire tool NAME_<tool>. With -- COMMAND the "
+        "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
+        "it gets this environment minus LW_* variables); with --url it is reached over streamable HTTP. Several "
+        "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
+        formatter_class=_Formatter,
+    )
+    _connection_options(s, top=False)
+    s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
+    s.add_argument("--url", help="streamable HTTP endpoint of the server (instead of a command)")
+    s.add_argument(
+        "--header-env",
+        action="append",
+        default=[],
+        metavar="HEADER=VAR",
+        help="with --url: send HTTP header HEADER with the value of environment variable VAR (repeatable), "
+        "e.g. Authorization=MCP_AUTH",
+    )
+    s.add_argument("--timeout", type=float, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)")
+    s.add_argument(
+        "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
+    )
+    s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
+
+
+def _add_serve_agent(which: Commands) -> None:
+    s = which.add_parser(
+        "agent",
+        help="serve a sub-agent: tool NAME whose every call runs a child loop",
+        description='Serve the tool NAME (input {"task": string}, kind agent). Each call starts a child loop '
+        "(its own id and history, its LoopStarted naming the parent's call) with --model, --tools, the "
+        "--instructions file as system prompt and --policy, submits the task, and answers with the child's final "
+        "answer (a failed or interrupted child: an error result). The child's tool calls, steps and gates show as "
+        "the call's progress in the parent; its gates are listed by `loopwire gates PARENT`. A call sent again "
+        "(worker or model-step crash) finds the same child; interrupting or closing the parent interrupts and "
+        "closes the child. Several workers with the same NAME share the calls.",
+        formatter_class=_Formatter,
+    )
+    _connection_options(s, top=False)
+    s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
+    s.add_argument("--model", required=True, help="the child loops' model, e.g. demo or openai:gpt-4o")
+    s.add_argument("--tools", metavar="A,B", help="the child loops' tools, comma-separated (default: every tool)")
+    s.add_argument("--instructions", metavar="FILE", help="a text file: the child loops' system prompt")
+    s.add_argument("--description", metavar="TEXT", help="what the parent's model reads about the tool")
+    s.add_argument(
+        "--policy", action="append", metavar="TOOL=EFFECT", help="allow | deny | ask for a child's tool (repeatable)"
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="deadline of each call in seconds (default 86400: a child may wait at gates)",
+    )
+
+
+def _add_console(sub: Commands) -> None:
+    p = _command(
+        sub,
         "console",
         "serve the operator console: a web page to watch loops live, answer gates, steer and inspect",
         "Serve the console (pages and server-sent events; it alone talks to NATS) until Ctrl-C. A host that "
@@ -158,8 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.set_defaults(handler=handle_console)
 
-    # --- client commands ----------------------------------------------------------------------
-    p = command("start", "start a loop; prints its id")
+
+def _add_start(sub: Commands) -> None:
+    from services.cli import budgets, contextopts, loopcmds
+
+    p = _command(sub, "start", "start a loop; prints its id")
     p.add_argument("--model", help="model spec: demo, scripted:PATH, openai:NAME, anthropic:NAME (default LW_MODEL)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--tools", metavar="A,B", help="tool allow-list (default: every live tool; '' = none)")
@@ -189,9 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     budgets.add_budget_options(p)
     contextopts.add_context_options(p)
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_start))
+    p.set_defaults(handler=ClientCommand(loopcmds.cmd_start))
 
-    p = command(
+
+def _add_budget(sub: Commands) -> None:
+    from services.cli import budgetcmd, budgets
+
+    p = _command(
+        sub,
         "budget",
         "show or change a loop's budget",
         "Without options: print LOOP's budget and what it has spent (tokens and cost of the loop, steps and "
@@ -203,21 +306,34 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(p)
     p.set_defaults(handler=ClientCommand(budgetcmd.cmd_budget))
 
-    p = command("send", "send user input to a loop")
+
+def _add_send(sub: Commands) -> None:
+    from services.cli import loopcmds
+
+    p = _command(sub, "send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("text", metavar="TEXT", help="the user's message")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_send))
+    p.set_defaults(handler=ClientCommand(loopcmds.cmd_send))
 
-    p = command("history", "print a loop's committed history (replayed from JetStream)")
+
+def _add_history(sub: Commands) -> None:
+    from services.cli import historycmds
+
+    p = _command(sub, "history", "print a loop's committed history (replayed from JetStream)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_history))
+    p.set_defaults(handler=ClientCommand(historycmds.cmd_history))
 
-    p = command(
+
+def _add_tail(sub: Commands) -> None:
+    from services.cli import historycmds
+
+    p = _command(
+        sub,
         "tail",
         "follow live and committed events (of one loop, or of all) until Ctrl-C",
         "Print live events (marked ~) and committed ones (with their sequence) as they happen. With LOOP "
@@ -228,49 +344,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
     p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_tail))
+    p.set_defaults(handler=ClientCommand(historycmds.cmd_tail))
 
-    p = command("loops", "list loops with their state")
+
+def _add_loops(sub: Commands) -> None:
+    from services.cli import loopcmds
+
+    p = _command(sub, "loops", "list loops with their state")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_loops))
+    p.set_defaults(handler=ClientCommand(loopcmds.cmd_loops))
 
-    p = command("gates", "list open gates (permission requests and questions) waiting for an operator")
+
+def _add_gates(sub: Commands) -> None:
+    from services.cli import gatecmds
+
+    p = _command(sub, "gates", "list open gates (permission requests and questions) waiting for an operator")
     p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop and its sub-agents' child loops")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_gates))
+    p.set_defaults(handler=ClientCommand(gatecmds.cmd_gates))
 
-    p = command("approve", "approve a permission gate")
+
+def _add_answers(sub: Commands) -> None:
+    """approve, deny and reply: the answers to a gate."""
+    from services.cli import gatecmds
+
+    p = _command(sub, "approve", "approve a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id (see loopwire gates)")
     p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_approve))
+    p.set_defaults(handler=ClientCommand(gatecmds.cmd_approve))
 
-    p = command("deny", "deny a permission gate")
+    p = _command(sub, "deny", "deny a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id")
     p.add_argument("--reason", help="why (shown to the model)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_deny))
+    p.set_defaults(handler=ClientCommand(gatecmds.cmd_deny))
 
-    p = command("reply", "answer a question gate (ask_user)")
+    p = _command(sub, "reply", "answer a question gate (ask_user)")
     p.add_argument("gate", metavar="GATE", help="gate id")
     p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_reply))
+    p.set_defaults(handler=ClientCommand(gatecmds.cmd_reply))
 
-    p = command("interrupt", "interrupt a loop's running turn")
+
+def _add_interrupt_and_close(sub: Commands) -> None:
+    from services.cli import loopcmds
+
+    p = _command(sub, "interrupt", "interrupt a loop's running turn")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_interrupt))
+    p.set_defaults(handler=ClientCommand(loopcmds.cmd_interrupt))
 
-    p = command("close", "close a loop (no more input)")
+    p = _command(sub, "close", "close a loop (no more input)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_close))
+    p.set_defaults(handler=ClientCommand(loopcmds.cmd_close))
 
-    p = command(
+
+def _add_fork(sub: Commands) -> None:
+    from services.cli import forks
+
+    p = _command(
+        sub,
         "fork",
         "branch a loop from a committed point; prints the new loop's id",
         "Create a new loop from LOOP's records up to --at (after an input, a step or a turn's end; default the "
@@ -294,22 +432,35 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_fork))
 
-    p = command("lineage", "show a loop's tree: its root, every fork with its fork point, and sub-agents' child loops")
+
+def _add_lineage_and_diff(sub: Commands) -> None:
+    from services.cli import forks
+
+    p = _command(
+        sub, "lineage", "show a loop's tree: its root, every fork with its fork point, and sub-agents' child loops"
+    )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_lineage))
 
-    p = command("diff", "compare two branches: common prefix, first divergence, the rest side by side")
+    p = _command(sub, "diff", "compare two branches: common prefix, first divergence, the rest side by side")
     p.add_argument("a", metavar="A", help="loop id")
     p.add_argument("b", metavar="B", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_diff))
 
-    p = command("tools", "list live tools: replicas, kind, version, arguments")
-    _json_option(p)
-    p.set_defaults(handler=ClientCommand(commands.cmd_tools))
 
-    p = command(
+def _add_tools(sub: Commands) -> None:
+    from services.cli import toolcmds
+
+    p = _command(sub, "tools", "list live tools: replicas, kind, version, arguments")
+    _json_option(p)
+    p.set_defaults(handler=ClientCommand(toolcmds.cmd_tools))
+
+
+def _add_schema(sub: Commands) -> None:
+    p = _command(
+        sub,
         "schema",
         "write the JSON Schemas (and the AsyncAPI document) of the wire contract",
         "Without options: every JSON Schema as one JSON object on stdout. --out DIR writes one file per "
@@ -320,163 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--asyncapi", metavar="FILE", help="write the AsyncAPI document here (e.g. docs/asyncapi.yaml)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
     p.set_defaults(handler=handle_schema)
-    return parser
-
-
-@dataclass(frozen=True, slots=True)
-class ClientCommand:
-    """A handler that connects: ``fn`` runs with the settings of the command line and environment."""
-
-    fn: AsyncCommand
-
-    def __call__(self, args: argparse.Namespace) -> int:
-        import anyio
-
-        from services.cli import commands
-
-        settings = settings_from(args)
-        try:
-            return anyio.run(self.fn, args, settings)
-        except KeyboardInterrupt:
-            if self.fn is commands.cmd_tail:
-                return 0  # Ctrl-C is how tail ends
-            raise
 
 
 # --- running ------------------------------------------------------------------------------------
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, object] = {}
-    url = getattr(args, "nats_url", None)
-    if url:
-        overrides["nats_urls"] = split_list(url)
-    prefix = getattr(args, "prefix", None)
-    if prefix:
-        overrides["prefix"] = prefix
-    from services.cli.errors import CliError
-
-    try:
-        return Settings.from_env(None, **overrides)
-    except ValueError as e:  # a bad LW_* value
-        raise CliError(str(e)) from None
-
-
-def handle_demo(args: argparse.Namespace) -> int:
-    from services.cli import stack
-
-    return stack.run_demo(args)
-
-
-def handle_up(args: argparse.Namespace) -> int:
-    from services.cli import stack
-
-    return stack.run_up(args)
-
-
-def handle_serve(args: argparse.Namespace) -> int:
-    from services.cli import serve
-
-    return serve.run_serve(args, settings_from(args))
-
-
-def handle_console(args: argparse.Namespace) -> int:
-    from services.cli import serve
-
-    return serve.run_console(args, settings_from(args))
-
-
-def handle_schema(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from services.cli import contract
-    from services.cli.errors import CliError
-
-    if not args.out and not args.asyncapi:
-        if args.check:
-            raise CliError("--check needs --out and/or --asyncapi")
-        print(contract.dumps_json({k: v for k, v in contract.schema_files().items()}), end="")
-        return 0
-    if args.check:
-        problems = []
-        if args.out:
-            problems += contract.schema_drift(Path(args.out))
-        if args.asyncapi:
-            problems += contract.asyncapi_drift(Path(args.asyncapi))
-        for p in problems:
-            print(p, file=sys.stderr)
-        if problems:
-            raise CliError("the contract files differ from the code: run loopwire schema without --check")
-        print("contract files match the code")
-        return 0
-    if args.out:
-        files = contract.write_schemas(Path(args.out))
-        print(f"wrote {len(files)} files under {args.out}")
-    if args.asyncapi:
-        path = Path(args.asyncapi)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(contract.render_asyncapi(), encoding="utf-8")
-        print(f"wrote {path}")
-    return 0
-
-
-def _mcp_parser(which: Any) -> None:
-    s = which.add_parser(
-        "mcp",
-        usage="loopwire serve mcp [options] NAME (-- COMMAND [ARGS...] | --url URL)",
-        help="serve an MCP server's tools: NAME -- COMMAND [ARGS...] or NAME --url URL",
-        description="Serve every tool of one MCP server as the loopwire tool NAME_<tool>. With -- COMMAND the "
-        "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
-        "it gets this environment minus LW_* variables); with --url it is reached over streamable HTTP. Several "
-        "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
-        formatter_class=_Formatter,
-    )
-    _connection_options(s, top=False)
-    s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
-    s.add_argument("--url", help="streamable HTTP endpoint of the server (instead of a command)")
-    s.add_argument(
-        "--header-env",
-        action="append",
-        default=[],
-        metavar="HEADER=VAR",
-        help="with --url: send HTTP header HEADER with the value of environment variable VAR (repeatable), "
-        "e.g. Authorization=MCP_AUTH",
-    )
-    s.add_argument("--timeout", type=float, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)")
-    s.add_argument(
-        "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
-    )
-    s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
-
-
-def _agent_parser(which: Any) -> None:
-    s = which.add_parser(
-        "agent",
-        help="serve a sub-agent: tool NAME whose every call runs a child loop",
-        description='Serve the tool NAME (input {"task": string}, kind agent). Each call starts a child loop '
-        "(its own id and history, its LoopStarted naming the parent's call) with --model, --tools, the "
-        "--instructions file as system prompt and --policy, submits the task, and answers with the child's final "
-        "answer (a failed or interrupted child: an error result). The child's tool calls, steps and gates show as "
-        "the call's progress in the parent; its gates are listed by `loopwire gates PARENT`. A call sent again "
-        "(worker or model-step crash) finds the same child; interrupting or closing the parent interrupts and "
-        "closes the child. Several workers with the same NAME share the calls.",
-        formatter_class=_Formatter,
-    )
-    _connection_options(s, top=False)
-    s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
-    s.add_argument("--model", required=True, help="the child loops' model, e.g. demo or openai:gpt-4o")
-    s.add_argument("--tools", metavar="A,B", help="the child loops' tools, comma-separated (default: every tool)")
-    s.add_argument("--instructions", metavar="FILE", help="a text file: the child loops' system prompt")
-    s.add_argument("--description", metavar="TEXT", help="what the parent's model reads about the tool")
-    s.add_argument(
-        "--policy", action="append", metavar="TOOL=EFFECT", help="allow | deny | ask for a child's tool (repeatable)"
-    )
-    s.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="deadline of each call in seconds (default 86400: a child may wait at gates)",
-    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from services.cli.budgets import budget_from_args, budget_json
-from services.cli.commands import loop_ref, out, resolve_loop, session
 from services.cli.errors import CliError
+from services.cli.ids import loop_ref, resolve_loop
+from services.cli.output import out
 from services.cli.render import json_line
+from services.cli.session import session
 from shared.client import LoopClient
 from shared.events import now_rfc3339
 from shared.history import LoopHistory, load

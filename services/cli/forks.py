@@ -8,14 +8,17 @@ from typing import Any, cast
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.commands import loop_ref, make_console, out, parse_policy, require_uuid, resolve_loop, session
 from services.cli.errors import CliError
+from services.cli.ids import loop_ref, require_uuid, resolve_loop
+from services.cli.output import make_console, out
+from services.cli.policyopts import parse_policy
 from services.cli.render import clip, describe, json_line
-from shared.events import REEXECUTIONS, Event, LoopForked, ParentRef
+from services.cli.session import session
+from shared.events import Event, LoopForked, ParentRef
 from shared.forking import common_prefix, content_of, conversation, origins
 from shared.history import loops, replay
 from shared.settings import Settings
-from shared.wiretypes import Reexecution
+from shared.wiretypes import REEXECUTIONS, Reexecution
 
 
 def parse_reexecution(items: list[str]) -> dict[str, Reexecution]:

@@ -76,7 +76,7 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
 def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from services.cli.commands import parse_policy
+    from services.cli.policyopts import parse_policy
     from services.tools.agent import DEFAULT_AGENT_TIMEOUT_SECONDS, agent_tool
     from services.tools.service import ToolService
     from shared.settings import split_list
@@ -106,7 +106,7 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _reachable(settings: Settings) -> None:
     """Raise the CLI's "cannot connect to NATS" error unless a server of ``settings`` takes a connection."""
-    from services.cli.commands import open_nats
+    from services.cli.session import open_nats
     from services.lifecycle import close_quietly
 
     await close_quietly(await open_nats(settings, name="loopwire-console-check"))

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from services.cli.errors import CliError
 from services.embedded import BUILTIN_TOOLS, EmbeddedStack
@@ -23,6 +23,14 @@ from services.lifecycle import raise_single
 from shared.natsserver import NatsServerError, free_port
 from shared.procs import ServiceStartError
 from shared.settings import split_list
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from nats.aio.client import Client as NATS
+    from rich.console import Console
+
+    from shared.events import Event
+    from shared.turns import TurnOutcome, TurnTracker
 
 # --- signals --------------------------------------------------------------------------------------
 
@@ -118,7 +126,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace, interrupts: Interrupts) -> int:
     import anyio
 
-    from services.cli.commands import make_console
+    from services.cli.output import make_console
 
     console = make_console()
     plain = args.plain or not console.is_terminal
@@ -134,7 +142,7 @@ def _run_demo(args: argparse.Namespace, interrupts: Interrupts) -> int:
     with running(stack, interrupts):
         say(
             f"ready in {time.monotonic() - t0:.1f} s: NATS at {stack.url}, "
-            f"{len(stack.supervisor.services)} service processes (logs in {stack.log_dir})"
+            f"{len(stack.processes)} service processes (logs in {stack.log_dir})"
         )
         code: int = anyio.run(_demo_main, stack, args, console, plain, interrupts)
         interrupts.install()  # the event loop left SIGINT to Python's default handler
@@ -187,21 +195,21 @@ def _say(console: object, plain: bool) -> Callable[[str], None]:
 
 
 async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: object, plain: bool) -> int:
+    """One loop of ``args.model``: shown live until its turn ends, then its answer and its history."""
     import anyio
     from nats.aio.msg import Msg
     from rich.console import Console
-    from rich.panel import Panel
     from rich.text import Text
 
-    from services.cli.commands import CliError, print_history, session
-    from services.cli.live import LoopView
+    from services.cli.historycmds import print_history
     from services.cli.render import describe
+    from services.cli.session import session
     from shared.client import LoopClient
     from shared.codec import decode_live_frame
     from shared.errors import LoopwireError
-    from shared.events import Event, LoopClosed, LoopIdle, TurnStarted
+    from shared.events import Event
     from shared.history import replay
-    from shared.turns import TurnTracker, follow
+    from shared.turns import TurnTracker
 
     assert isinstance(console, Console)
     settings = stack.settings()
@@ -224,51 +232,80 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
         else:
             console.print(Text.assemble(("loop ", "bold"), loop_id, "\n", ("you: ", "bold"), args.prompt))
         tracker = TurnTracker(loop_id, res.command_id)
-
-        async def pump_history() -> None:
-            async with follow(nc, names, loop_id, res.seq) as records:
-                async for seq, e in records:
-                    await send.send((seq, e))
-
-        with LoopView(console, plain=plain) as view:
-            try:
-                with anyio.fail_after(args.timeout):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(pump_history)
-                        async for seq, e in receive:
-                            view.apply(e, seq)
-                            if seq is None:
-                                continue
-                            if tracker.result is None:
-                                tracker.feed(e, seq)
-                            # The turn's end and the loop's LoopIdle are separate commits: the table
-                            # below shows the history once the loop is at rest.
-                            if tracker.result is not None and isinstance(e, LoopIdle | TurnStarted | LoopClosed):
-                                break
-                        tg.cancel_scope.cancel()
-            except TimeoutError:
-                stack.keep_data = True
-                raise CliError(
-                    f"the loop did not finish within {args.timeout:g} s (logs kept in {stack.log_dir})"
-                ) from None
+        await _show_turn(stack, args, console, plain, nc, tracker, res.seq, send, receive)
         result = tracker.result
         assert result is not None
         records = [r async for r in replay(nc, loop_id, names=names)]
 
-    if not result.answer and result.outcome != "done":
-        pass  # nothing answered: the error below says why
-    elif plain:
-        print(f"{'answer':<7}| " + result.answer.replace("\n", "\n" + " " * 7 + "| "), flush=True)
-    else:
-        console.print(
-            Panel(Text(result.answer or "(no text)"), title="answer", title_align="left", border_style="green")
-        )
+    _show_answer(console, plain, result)
     print_history(console, records, title=f"history of loop {loop_id}, replayed from JetStream")
     if result.outcome != "done":
         stack.keep_data = True
         why = f": {describe(result.event, limit=2000)}" if result.event is not None else ""
         raise CliError(f"the turn ended {result.outcome}{why} (logs kept in {stack.log_dir})")
     return 0
+
+
+async def _show_turn(
+    stack: EmbeddedStack,
+    args: argparse.Namespace,
+    console: Console,
+    plain: bool,
+    nc: NATS,
+    tracker: TurnTracker,
+    after_seq: int,
+    send: MemoryObjectSendStream[tuple[int | None, Event]],
+    receive: MemoryObjectReceiveStream[tuple[int | None, Event]],
+) -> None:
+    """Show the loop live (its live events and its history) until ``tracker`` has the turn's end."""
+    import anyio
+
+    from services.cli.live import LoopView
+    from shared.events import LoopClosed, LoopIdle, TurnStarted
+    from shared.turns import follow
+
+    names = stack.settings().names
+
+    async def pump_history() -> None:
+        async with follow(nc, names, tracker.loop_id, after_seq) as records:
+            async for seq, e in records:
+                await send.send((seq, e))
+
+    with LoopView(console, plain=plain) as view:
+        try:
+            with anyio.fail_after(args.timeout):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump_history)
+                    async for seq, e in receive:
+                        view.apply(e, seq)
+                        if seq is None:
+                            continue
+                        if tracker.result is None:
+                            tracker.feed(e, seq)
+                        # The turn's end and the loop's LoopIdle are separate commits: the table
+                        # below shows the history once the loop is at rest.
+                        if tracker.result is not None and isinstance(e, LoopIdle | TurnStarted | LoopClosed):
+                            break
+                    tg.cancel_scope.cancel()
+        except TimeoutError:
+            stack.keep_data = True
+            raise CliError(
+                f"the loop did not finish within {args.timeout:g} s (logs kept in {stack.log_dir})"
+            ) from None
+
+
+def _show_answer(console: Console, plain: bool, result: TurnOutcome) -> None:
+    from rich.panel import Panel
+    from rich.text import Text
+
+    if not result.answer and result.outcome != "done":
+        return  # nothing answered: the error that follows says why
+    if plain:
+        print(f"{'answer':<7}| " + result.answer.replace("\n", "\n" + " " * 7 + "| "), flush=True)
+    else:
+        console.print(
+            Panel(Text(result.answer or "(no text)"), title="answer", title_align="left", border_style="green")
+        )
 
 
 # --- loopwire up ----------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from shared.codec import encode_event
 from shared.content import TextBlock, UserMessage
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError, Rule
 from shared.events import (
-    POLICY_EFFECTS,
     Budget,
     BudgetChanged,
     Cause,
@@ -59,7 +58,7 @@ from shared.protocol import (
 from shared.settings import Settings
 from shared.subjects import VERBS
 from shared.validate import is_uuid, validate_event
-from shared.wiretypes import ALLOW, ANSWER_ACTIONS
+from shared.wiretypes import ALLOW, ANSWER_ACTIONS, POLICY_EFFECTS
 
 from .appender import Appender, EventIdTaken
 from .fork import fork

@@ -21,19 +21,18 @@ from nats.aio.client import Client as NATS
 
 from shared import metrics
 from shared.backoff import Backoff
-from shared.bus import (
+from shared.errors import ErrorKind
+from shared.jserrors import (
     ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_MSG_TOO_LARGE,
     ERR_WRONG_LAST_SEQUENCE,
     JetStreamError,
     JetStreamUnavailableError,
     PayloadTooLargeError,
-    get_msg,
-    js_publish,
-    publish_batch,
 )
-from shared.errors import ErrorKind
 from shared.protocol import WireError
+from shared.publish import js_publish, publish_batch
+from shared.streamreads import get_msg
 from shared.subjects import H_EXPECTED_LAST_SUBJECT_SEQ, H_EXPECTED_STREAM, H_MSG_ID, Names
 
 log = logging.getLogger("loopwire.committer.append")

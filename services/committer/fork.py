@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
-from shared.bus import JetStreamError, JetStreamUnavailableError
 from shared.codec import encode_event
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError
 from shared.events import Event, ForkChanges, now_rfc3339
 from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
 from shared.history import fold, replay
+from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.protocol import ApiReply, ForkRequest, WireError
 
 from .loops import Loops

@@ -14,10 +14,10 @@ from nats.aio.client import Client as NATS
 
 from services.reconcile import CommitterReconciler
 from shared.backoff import Backoff
-from shared.bus import JetStreamError, JetStreamUnavailableError
 from shared.errors import ErrorKind, LoopwireError
 from shared.events import Event
 from shared.history import LoopHistory, load
+from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.protocol import WireError
 from shared.settings import Settings
 

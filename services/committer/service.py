@@ -25,12 +25,14 @@ from nats.aio.subscription import Subscription
 
 from services.lifecycle import let_go
 from shared import telemetry
-from shared.bus import IncompatibleConfigError, connect, ensure_all
+from shared.connect import connect
 from shared.connection import subscribe_quick
 from shared.errors import ErrorKind
+from shared.jserrors import IncompatibleConfigError
 from shared.protocol import ApiReply as _Reply
 from shared.protocol import ErrorBody, encode
 from shared.settings import Settings
+from shared.streams import ensure_all
 from shared.subjects import COMMITTER_QUEUE
 
 from .api import LoopApi
@@ -76,10 +78,9 @@ class CommitterService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.names = settings.names
-        # Plain asyncio tasks started from the read loop: a burst of requests is dispatched at once
-        # and the replies leave in few writes (measured: about twice the throughput of anyio's task
-        # group + semaphore here). Being plain tasks, a cancellation of :meth:`run` does not reach
-        # them: the stop drains them.
+        # Plain asyncio tasks started from the read loop, so a burst of requests is dispatched at once
+        # and the replies leave in few writes; a cancellation of :meth:`run` does not reach them: the
+        # stop drains them.
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = _InFlight()
         self._waiting: deque[tuple[NATS, Handler, Msg]] = deque()

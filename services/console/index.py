@@ -20,10 +20,10 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from services.console.rules import LoopSummary
-from shared.bus import get_msg
 from shared.codec import decode_event
 from shared.errors import LoopwireError
 from shared.settings import Settings
+from shared.streamreads import get_msg
 
 log = logging.getLogger("loopwire.console.index")
 

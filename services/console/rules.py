@@ -1,8 +1,9 @@
 """What the console shows, derived from committed events: pure functions, no I/O.
 
-:class:`LoopSummary` is a light fold of one loop (no messages kept, so thousands of loops fit in
-memory): its state, model, turns, tokens, last activity, the stream sequence of every record (for
-paging the timeline) and its gates. :func:`select` filters and pages a list of summaries;
+:class:`LoopSummary` projects a lean :class:`~shared.history.LoopHistory` of one loop (no
+messages kept, so thousands of loops fit in memory): its state, model, turns, tokens, plus the
+console's own last activity, inputs, the stream sequence of every record (for paging the timeline),
+fork points and gates with their texts. :func:`select` filters and pages a list of summaries;
 :func:`cut_strings` shortens large strings in an event for the browser; :func:`same_origin`
 and :func:`token_ok` are the request checks.
 """
@@ -17,32 +18,23 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from shared.content import AIMessage, text_of
+from shared.content import text_of
 from shared.events import (
     Budget,
-    BudgetChanged,
     Event,
     GateOpened,
     GateResolved,
     InputSubmitted,
-    LoopClosed,
-    LoopForked,
-    LoopIdle,
-    LoopStarted,
+    ParentRef,
     PermissionRequested,
-    StepDone,
-    TurnDone,
-    TurnFailed,
-    TurnFoldedInto,
-    TurnInterrupted,
-    TurnStarted,
     UserInputRequested,
 )
 from shared.forking import ForkPoints
+from shared.history import LoopHistory
+from shared.loopstate import STATES, LoopState, loop_state
 from shared.modelspec import model_id
 from shared.pricing import usd
 
-STATES: Final = ("running", "waiting", "idle", "failed", "closed")
 PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
 # Strings longer than this are cut before an event is sent to the page (the page can ask for the whole event).
@@ -78,79 +70,36 @@ class GateView:
 
 @dataclass(slots=True)
 class LoopSummary:
-    """The console's fold of one loop. Feed every committed record in order with :meth:`apply`."""
+    """The console's view of one loop: a lean :class:`LoopHistory` (state, model, turns, tokens, cost,
+    budget, lineage) plus what only the console shows. Feed every committed record in order with :meth:`apply`."""
 
     loop_id: str
-    model: str = ""
-    started_at: str = ""
     last_activity: str = ""
     title: str = ""  # the first input, for people and for the text filter
     last_input: str = ""
-    turns: int = 0
-    open_turn: str = ""  # turn id of the running turn
-    pending_inputs: int = 0
-    last_outcome: str = ""  # done | failed | interrupted of the last turn
-    last_error: str = ""
-    closed: bool = False
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_micro_usd: int = 0  # the StepDone costs (docs/budgets.md)
-    budget: Budget = field(default_factory=Budget)  # as set by LoopStarted or the latest BudgetChanged
-    last_seq: int = 0
     seqs: list[int] = field(default_factory=list)
     fork_points: ForkPoints = field(default_factory=ForkPoints)
     gates: dict[str, GateView] = field(default_factory=dict)
-    parent: str = ""  # a fork's source loop, and the source's sequence it was forked at
-    forked_at: int = 0
-    # A sub-agent's child loop: the parent loop, the agent tool and the parent's call it runs for.
-    agent_parent: str = ""
-    agent_tool: str = ""
-    agent_call: str = ""
+    fold: LoopHistory = field(init=False)
     # Gate texts arrive in PermissionRequested / UserInputRequested, in the same commit as GateOpened.
     _texts: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.fold = LoopHistory(loop_id=self.loop_id, lean=True)
+
     def apply(self, event: Event, seq: int) -> bool:
         """Fold one committed record; False (nothing changed) for one at or below ``last_seq``."""
-        if seq <= self.last_seq:
+        if seq <= self.fold.last_seq:
             return False
-        self.last_seq = seq
+        self.fold.apply(event, seq)
         self.seqs.append(seq)
         self.fork_points.add(seq, event)
         if event.created_at:
             self.last_activity = event.created_at
-        if isinstance(event, LoopForked):
-            self.parent, self.forked_at = event.source_loop_id, event.source_seq
-        elif isinstance(event, LoopStarted):
-            self.model = model_id(event.model)  # a scripted model by its file, not a temporary path
-            self.started_at = event.created_at
-            self.budget = event.budget
-            if event.parent is not None:
-                self.agent_parent, self.agent_tool = event.parent.loop_id, event.parent.tool_name
-                self.agent_call = event.parent.tool_execution_id
-        elif isinstance(event, BudgetChanged):
-            self.budget = event.budget
-        elif isinstance(event, InputSubmitted):
-            self.pending_inputs += 1
+        if isinstance(event, InputSubmitted):
             self.last_input = _title(text_of(event.message))
             if not self.title:
                 self.title = self.last_input
-        elif isinstance(event, TurnStarted):
-            self.turns += 1
-            self.open_turn = event.turn_id
-            self.pending_inputs = max(0, self.pending_inputs - 1)
-        elif isinstance(event, TurnFoldedInto):
-            self.pending_inputs = max(0, self.pending_inputs - 1)
-        elif isinstance(event, StepDone):
-            head = event.messages[0] if event.messages else None
-            if isinstance(head, AIMessage) and head.usage is not None:
-                self.input_tokens += head.usage.input_tokens
-                self.output_tokens += head.usage.output_tokens
-            self.cost_micro_usd += event.cost_micro_usd
-        elif isinstance(event, TurnDone | TurnFailed | TurnInterrupted):
-            if event.turn_id == self.open_turn:
-                self.open_turn = ""
-            self.last_outcome = _OUTCOME[type(event)]
-            self.last_error = f"{event.err.kind}: {event.err.message}" if isinstance(event, TurnFailed) else ""
         elif isinstance(event, PermissionRequested):
             self._gate_text(event.request.gate_id, event.request.summary, [])
         elif isinstance(event, UserInputRequested):
@@ -179,10 +128,6 @@ class LoopSummary:
                 gv.reason = event.reason or event.text
                 gv.resolved_at = event.created_at
                 gv.resolved_seq = seq
-        elif isinstance(event, LoopClosed):
-            self.closed = True
-        elif isinstance(event, LoopIdle):
-            pass
         return True
 
     def _gate_text(self, gate_id: str, text: str, choices: list[str]) -> None:
@@ -192,28 +137,113 @@ class LoopSummary:
         else:
             gv.text, gv.choices = text, choices
 
+    # --- from the fold
+
+    @property
+    def state(self) -> LoopState:
+        return loop_state(self.fold)
+
     @property
     def open_gates(self) -> list[GateView]:
         """Unanswered gates of the running turn (a gate of an ended turn can no longer be answered)."""
-        if not self.open_turn:
-            return []
-        return [g for g in self.gates.values() if not g.resolved and g.turn_id == self.open_turn]
+        return [self.gates[g.gate.id] for g in self.fold.open_gates if g.gate.id in self.gates]
 
     @property
-    def state(self) -> str:
-        if self.closed:
-            return "closed"
-        if self.open_gates:
-            return "waiting"
-        if self.open_turn or self.pending_inputs:
-            return "running"
-        if self.last_outcome == "failed":
-            return "failed"
-        return "idle"
+    def open_turn(self) -> str:
+        """The running turn's id ("" when none)."""
+        t = self.fold.open_turn
+        return t.turn_id if t is not None else ""
+
+    @property
+    def last_seq(self) -> int:
+        return self.fold.last_seq
+
+    @property
+    def closed(self) -> bool:
+        return self.fold.closed
+
+    @property
+    def turns(self) -> int:
+        return self.fold.turns
+
+    @property
+    def pending_inputs(self) -> int:
+        return len(self.fold.pending_inputs)
+
+    @property
+    def model(self) -> str:
+        c = self.fold.config
+        return model_id(c.model) if c is not None else ""  # a scripted model by its file, not a temporary path
+
+    @property
+    def started_at(self) -> str:
+        c = self.fold.config
+        return c.created_at if c is not None else ""
+
+    @property
+    def last_outcome(self) -> str:
+        """done | failed | interrupted of the last ended turn ("" before any)."""
+        return self.fold.last_outcome or ""
+
+    @property
+    def last_error(self) -> str:
+        e = self.fold.last_error
+        return f"{e.kind}: {e.message}" if e is not None else ""
+
+    @property
+    def input_tokens(self) -> int:
+        return self.fold.usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.fold.usage.output_tokens
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cost_micro_usd(self) -> int:
+        """The steps' and compactions' recorded costs (docs/budgets.md)."""
+        return self.fold.cost_micro_usd
+
+    @property
+    def budget(self) -> Budget:
+        """As set by LoopStarted or the latest BudgetChanged (not extended by approved budget gates)."""
+        return self.fold.budget_base
+
+    @property
+    def parent(self) -> str:
+        """A fork's source loop ("" for a loop that was started)."""
+        f = self.fold.forked
+        return f.source_loop_id if f is not None else ""
+
+    @property
+    def forked_at(self) -> int:
+        """The source's sequence a fork was forked at."""
+        f = self.fold.forked
+        return f.source_seq if f is not None else 0
+
+    @property
+    def _agent(self) -> ParentRef | None:
+        """A sub-agent's child loop: the parent loop, the agent tool and the parent's call it runs for."""
+        c = self.fold.config
+        return c.parent if c is not None else None
+
+    @property
+    def agent_parent(self) -> str:
+        a = self._agent
+        return a.loop_id if a is not None else ""
+
+    @property
+    def agent_tool(self) -> str:
+        a = self._agent
+        return a.tool_name if a is not None else ""
+
+    @property
+    def agent_call(self) -> str:
+        a = self._agent
+        return a.tool_execution_id if a is not None else ""
 
     def seqs_before(self, before: int, limit: int) -> list[int]:
         """Up to ``limit`` record sequences below ``before`` (0: the tail), oldest first."""
@@ -246,9 +276,6 @@ class LoopSummary:
             "open_gates": [gate_json(g) for g in self.open_gates],
             "resolved_gates": [gate_json(g) for g in resolved_gates([self], RECENT_GATES)],
         }
-
-
-_OUTCOME: Final[dict[type[Event], str]] = {TurnDone: "done", TurnFailed: "failed", TurnInterrupted: "interrupted"}
 
 
 def _title(text: str) -> str:
@@ -330,7 +357,7 @@ def resolved_gates(loops: list[LoopSummary], limit: int = RECENT_GATES) -> list[
 
 
 def count_states(loops: list[LoopSummary]) -> dict[str, int]:
-    counts = dict.fromkeys(STATES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATES, 0)
     for s in loops:
         counts[s.state] += 1
     return counts

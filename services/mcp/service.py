@@ -11,7 +11,7 @@ from anyio.abc import TaskStatus
 from services.lifecycle import let_go
 from services.mcp.bridge import Bridge
 from services.mcp.connect import McpTarget
-from shared.bus import connect
+from shared.connect import connect
 from shared.settings import Settings
 
 

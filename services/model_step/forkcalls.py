@@ -3,8 +3,8 @@
 ``reuse`` takes the source's recorded result (nothing runs), ``rerun`` runs it like any call, ``ask``
 opens a permission gate (approve runs it again, deny takes the source's result). The default follows
 the tool's safety annotations: read-only → rerun, idempotent → reuse, anything else → ask. What a
-call does, the source's results and state given, is decided by ``policy.fork_way``; this module
-reads the source.
+call does, the source's results and state given, is decided by ``policy.authorise`` (``fork_way``);
+this module reads the source.
 """
 
 from __future__ import annotations
@@ -23,22 +23,11 @@ from shared.events import LoopForked
 from shared.forking import call_key, source_results
 from shared.history import LoopHistory, load, replay
 from shared.subjects import Names
-from shared.wiretypes import GateReason, Reexecution
+from shared.wiretypes import Reexecution
 
 REUSE: Final[Reexecution] = "reuse"
 RERUN: Final[Reexecution] = "rerun"
 ASK: Final[Reexecution] = "ask"
-# Decision reason of a call that takes the source's result; gate reason of a repeated call's gate.
-FORK_REUSED: Final = "fork_reused"
-GATE_FORK_RERUN: Final[GateReason] = "fork_rerun"
-FORK_RERUN_SUMMARY: Final = "forked: the source made this call; approve runs it again, deny reuses its result: "
-FORK_RUNNING_SUMMARY: Final = (
-    "forked: the source may be running this call now; approve runs it here too, deny takes the source's result: "
-)
-# Decision reason of a call whose gate was denied while the source had no result of it to take.
-FORK_NO_RESULT: Final = "fork_no_source_result"
-# Decision reason of a call approved at a gate the fork copied open (the re-execution rule still applies).
-COPIED_GATE_APPROVED: Final = "copied_gate_approved"
 # How long a fork waits for a busy source to commit an equal call (or come to rest) before it asks.
 SOURCE_WAIT_SECONDS: Final = 30.0
 

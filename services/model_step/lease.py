@@ -42,8 +42,10 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from shared import metrics
-from shared.bus import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT, is_gone, subjects
 from shared.errors import LoopwireError
+from shared.jsapi import is_gone
+from shared.jserrors import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT
+from shared.streamreads import subjects
 from shared.subjects import Names
 
 log = logging.getLogger("loopwire.model_step.lease")

@@ -29,11 +29,13 @@ from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config
 from services.reconcile import ReplicaReconciler
 from shared import logfmt, metrics, telemetry
-from shared.bus import connect, ensure_all, is_transient_setup_error, purge_work
 from shared.client import CommitClient
+from shared.connect import connect
 from shared.results import ResultStore
 from shared.settings import Settings
+from shared.streams import ensure_all, is_transient_setup_error
 from shared.subjects import H_TRACEPARENT
+from shared.worksignals import purge_work
 
 log = logging.getLogger("loopwire.model_step")
 

@@ -45,6 +45,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 
 import anyio
@@ -185,20 +186,74 @@ async def run_batch(
     canceled, and the caller, which checks its lease before committing, commits nothing — and
     every request tells the worker the time after which it must not start.
     """
+    batch = _Batch(
+        loop_id=loop_id,
+        turn_id=turn_id,
+        step_id=step_id,
+        client=client,
+        publish=publish,
+        max_result_bytes=max_result_bytes,
+        on_unavailable=on_unavailable,
+        traceparent=traceparent,
+        fence=fence,
+        retries=retries or {},
+    )
+    items = [
+        _Item(index=i, plan=pc, summary=shaping.summary_for_call(pc.call.name, pc.call.input))
+        for i, pc in enumerate(planned)
+    ]
+    for item in items:
+        _precheck(item, spec_of)
+    for item in items:
+        await batch.emit(batch.started(item))
+    for item in items:
+        if item.text is not None:
+            await batch.complete(item)
 
-    async def emit(event: Event) -> None:
+    batch.unplanned = not step_needs_plan(it.spec for it in items if not it.plan.call.minted_id)
+    runnable = [it for it in items if it.text is None]
+    for item in runnable:
+        if item.spec is not None and item.spec.sequential:
+            await batch.run_one(item)
+    parallel = [it for it in runnable if it.spec is None or not it.spec.sequential]
+    if len(parallel) <= 1:  # the usual step: one call, no task group to run it in
+        if parallel:
+            await batch.run_one(parallel[0])
+    else:
+        await batch.run_parallel(parallel, max_parallel)
+    return _results(items, fit)
+
+
+@dataclass
+class _Batch:
+    """One step's batch: whose calls they are, where their live events go, and how they are sent."""
+
+    loop_id: str
+    turn_id: str
+    step_id: str
+    client: cl.ToolClient
+    publish: Publisher
+    max_result_bytes: int
+    on_unavailable: Callable[[str], None] | None
+    traceparent: str
+    fence: Fence | None
+    retries: Mapping[str, RetryPolicy]
+    # The step records no plan (read-only calls only): nobody reads its calls' records (Lw-No-Record).
+    unplanned: bool = False
+
+    async def emit(self, event: Event) -> None:
         # Live events are best effort: a failed publish never fails the batch. A publish only
         # appends to the connection's buffer, so events of parallel calls need no lock to stay whole.
         try:
-            await publish(event)
+            await self.publish(event)
         except Exception:
             log.warning("could not publish %s", event_type_name(event), exc_info=True)
 
-    def started(item: _Item) -> ToolCallStarted:
+    def started(self, item: _Item) -> ToolCallStarted:
         return ToolCallStarted(
-            loop_id=loop_id,
-            turn_id=turn_id,
-            step_id=step_id,
+            loop_id=self.loop_id,
+            turn_id=self.turn_id,
+            step_id=self.step_id,
             tool_execution_id=item.plan.execution_id,
             tool_name=item.plan.call.name,
             tool_use_id=item.plan.call.id,
@@ -206,31 +261,22 @@ async def run_batch(
             replayed=item.replayed,
         )
 
-    items = [
-        _Item(index=i, plan=pc, summary=shaping.summary_for_call(pc.call.name, pc.call.input))
-        for i, pc in enumerate(planned)
-    ]
-    for item in items:
-        _precheck(item, spec_of)
-
-    for item in items:
-        await emit(started(item))
-
-    async def complete(item: _Item) -> None:
+    async def complete(self, item: _Item) -> None:
         assert item.text is not None
-        if max_result_bytes and item.images:
+        limit = self.max_result_bytes
+        if limit and item.images:
             item.text, item.images = shaping.omit_images(
                 item.text,
                 item.images,
                 "larger than the loop's max_result_bytes",
-                lambda image: len(image.data or "") > max_result_bytes,
+                lambda image: len(image.data or "") > limit,
             )
-        item.text = shaping.truncate_result(item.text, max_result_bytes)
-        await emit(
+        item.text = shaping.truncate_result(item.text, limit)
+        await self.emit(
             ToolCallCompleted(
-                loop_id=loop_id,
-                turn_id=turn_id,
-                step_id=step_id,
+                loop_id=self.loop_id,
+                turn_id=self.turn_id,
+                step_id=self.step_id,
                 tool_execution_id=item.plan.execution_id,
                 tool_use_id=item.plan.call.id,
                 is_error=item.is_error,
@@ -240,46 +286,42 @@ async def run_batch(
             )
         )
 
-    for item in items:
-        if item.text is not None:
-            await complete(item)
+    async def progress(self, item: _Item, message: str) -> None:
+        progress = ToolCallProgress(
+            loop_id=self.loop_id,
+            turn_id=self.turn_id,
+            step_id=self.step_id,
+            tool_execution_id=item.plan.execution_id,
+            message=shaping.bounded_diagnostic(message),
+        )
+        await self.emit(progress)
 
-    async def run_one(item: _Item) -> None:
-        use, spec = item.plan.call, item.spec
+    async def run_one(self, item: _Item) -> None:
+        use, spec, fence = item.plan.call, item.spec, self.fence
         assert spec is not None  # set by the checks for every call that runs
         item.started = time.monotonic()
         if fence is not None and not fence.held:
             item.text, item.is_error = shaping.TOOL_CALL_CANCELED, True
-            await complete(item)
+            await self.complete(item)
             return
-
-        async def on_progress(message: str) -> None:
-            progress = ToolCallProgress(
-                loop_id=loop_id,
-                turn_id=turn_id,
-                step_id=step_id,
-                tool_execution_id=item.plan.execution_id,
-                message=shaping.bounded_diagnostic(message),
-            )
-            await emit(progress)
-
+        on_progress = partial(self.progress, item)
         started = time.monotonic()
         with tool_tracing.call(use.name, tool_tracing.CALLER, use.id, item.plan.execution_id) as span:
             call_ids = CallIds(
-                loop_id=loop_id,
-                turn_id=turn_id,
-                step_id=step_id,
+                loop_id=self.loop_id,
+                turn_id=self.turn_id,
+                step_id=self.step_id,
                 tool_use_id=use.id,
                 execution_id=item.plan.execution_id,
-                traceparent=telemetry.traceparent() or traceparent,
+                traceparent=telemetry.traceparent() or self.traceparent,
             )
-            policy = retry_policy(spec, (retries or {}).get(use.name))
+            policy = retry_policy(spec, self.retries.get(use.name))
             fresh = item.plan.fresh
             backoff = Backoff(policy.initial_backoff_seconds, policy.max_backoff_seconds, least=0.05)
             attempt = 1
             while True:
                 for resend in range(NOT_STARTED_RESENDS + 1):
-                    outcome = await client.call(
+                    outcome = await self.client.call(
                         use.name,
                         use.data,
                         ids=call_ids,
@@ -287,7 +329,7 @@ async def run_batch(
                         on_progress=on_progress,
                         start_by_ms=fence.start_by_ms() if fence is not None else None,
                         first_send=fresh and attempt == 1 and resend == 0,
-                        no_record=unplanned,
+                        no_record=self.unplanned,
                     )
                     # Not started because it reached the worker late (a stopped or backlogged worker): it
                     # never ran, so send it again while our lease holds.
@@ -298,9 +340,9 @@ async def run_batch(
                     outcome.status == cl.UNAVAILABLE
                     and not outcome.worker_id
                     and healthy
-                    and on_unavailable is not None
+                    and self.on_unavailable is not None
                 ):
-                    on_unavailable(use.name)  # "no responders"
+                    self.on_unavailable(use.name)  # "no responders"
                 if outcome.status not in policy.retry_on or attempt >= policy.max_attempts:
                     break
                 if fence is not None and not fence.held:
@@ -310,49 +352,48 @@ async def run_batch(
                 )
                 await backoff.sleep()
                 attempt += 1
-            item.text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
-            item.images = images_of(outcome)
-            if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not spec.healthy:
-                # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
-                source = spec.source or "its backend"
-                item.text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
+            text = _take_outcome(item, spec, outcome)
             status = ("error" if item.is_error else "ok") if outcome.status == cl.OK else outcome.status
-            tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, item.text)
-        await complete(item)
+            tool_tracing.finished(span, use.name, tool_tracing.CALLER, status, time.monotonic() - started, text)
+        await self.complete(item)
 
-    unplanned = not step_needs_plan(it.spec for it in items if not it.plan.call.minted_id)
-    runnable = [it for it in items if it.text is None]
-    for item in runnable:
-        if item.spec is not None and item.spec.sequential:
-            await run_one(item)
+    async def run_parallel(self, items: Sequence[_Item], max_parallel: int) -> None:
+        """Run ``items`` at most ``max_parallel`` at once; calls with equal write targets one after
+        another, in call order."""
+        limiter = anyio.CapacityLimiter(max(1, max_parallel))
+        last_of_key: dict[str, anyio.Event] = {}
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                after = done = None
+                if item.write_key is not None:
+                    after = last_of_key.get(item.write_key)
+                    done = last_of_key[item.write_key] = anyio.Event()
+                tg.start_soon(self._run_after, item, limiter, after, done)
 
-    parallel = [it for it in runnable if it.spec is None or not it.spec.sequential]
-    if len(parallel) <= 1:  # the usual step: one call, no task group to run it in
-        if parallel:
-            await run_one(parallel[0])
-        return _results(items, fit)
-
-    limiter = anyio.CapacityLimiter(max(1, max_parallel))
-    last_of_key: dict[str, anyio.Event] = {}
-
-    async def run_parallel(item: _Item, after: anyio.Event | None, done: anyio.Event | None) -> None:
+    async def _run_after(
+        self, item: _Item, limiter: anyio.CapacityLimiter, after: anyio.Event | None, done: anyio.Event | None
+    ) -> None:
         try:
             if after is not None:
                 await after.wait()  # same write target: strictly after the earlier call
             async with limiter:
-                await run_one(item)
+                await self.run_one(item)
         finally:
             if done is not None:
                 done.set()
 
-    async with anyio.create_task_group() as tg:
-        for item in parallel:
-            after = done = None
-            if item.write_key is not None:
-                after = last_of_key.get(item.write_key)
-                done = last_of_key[item.write_key] = anyio.Event()
-            tg.start_soon(run_parallel, item, after, done)
-    return _results(items, fit)
+
+def _take_outcome(item: _Item, spec: ToolSpec, outcome: cl.CallOutcome) -> str:
+    """The call's outcome as its model-visible text (returned too) and images."""
+    use = item.plan.call
+    text, item.is_error = normalise(use.name, float(spec.timeout_seconds), outcome)
+    item.images = images_of(outcome)
+    if outcome.status == cl.UNAVAILABLE and not outcome.worker_id and not spec.healthy:
+        # Every replica left on purpose while its backend restarts: say so; the tool stays listed.
+        source = spec.source or "its backend"
+        text = shaping.tool_unavailable(use.name, f"{source} is down, restarting")
+    item.text = text
+    return text
 
 
 def _results(items: Sequence[_Item], fit: RecordFit | None) -> list[ToolResultMessage]:

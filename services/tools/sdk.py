@@ -42,9 +42,9 @@ from shared import shaping, telemetry
 from shared.content import Block, ImageBlock, RefusalBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from shared.errors import LoopwireError
 from shared.errors import ToolError as ToolError
-from shared.events import RETRYABLE_OUTCOMES, RetryPolicy
+from shared.events import RetryPolicy
 from shared.settings import Settings
-from shared.wiretypes import ToolErrorKind
+from shared.wiretypes import RETRYABLE_OUTCOMES, ToolErrorKind
 
 log = logging.getLogger("loopwire.tools")
 

@@ -14,7 +14,7 @@ from anyio.abc import TaskStatus
 from services.lifecycle import let_go
 from services.tools.sdk import Tool
 from services.tools.worker import Worker
-from shared.bus import connect
+from shared.connect import connect
 from shared.settings import Settings, split_list
 
 

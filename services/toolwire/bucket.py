@@ -11,7 +11,7 @@ from typing import Final
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared.bus import TOOLS_TTL_SECONDS, ensure_kv
+from shared.streams import TOOLS_TTL_SECONDS, ensure_kv
 from shared.subjects import Names
 
 REGISTRATION_TTL_SECONDS: Final = TOOLS_TTL_SECONDS

@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -39,19 +39,23 @@ from hypothesis import settings as hsettings
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.deployment import Deployment, service_command, tool_command
 from services.toolwire import protocol as tp
 from shared import strictjson
-from shared.bus import connect, direct_get_batch, get_msg
+from shared.client import LoopClient
 from shared.codec import decode_event, decode_live, decode_live_frame, encode_event
+from shared.connect import connect
 from shared.errors import ErrorKind, LoopwireError
 from shared.history import load
 from shared.natsserver import NatsServer
-from shared.procs import ServiceProcess, Supervisor
+from shared.procs import ServiceProcess
 from shared.protocol import REQUEST_TYPES, ApiReply, CommitReply, WireError, decode_request
 from shared.settings import Settings
+from shared.streamreads import direct_get_batch, get_msg
 from shared.subjects import H_DEADLINE, H_REPLY_KIND, H_STATUS
 from tests.fuzz.gen import CURRENT_SEQ, STRATEGIES, ApiCase, CodecCase, CommitCase, Corpus, ToolCase
-from tests.system.faultkit import Load, quick_script, script, write_model
+from tests.system.faultload import Load
+from tests.system.faultscript import quick_script, script, write_model
 
 HANG_SECONDS: Final = 20.0  # no final reply by then: a hang (the committer's own retry budget is 10 s)
 CODEC_HANG_SECONDS: Final = 5.0
@@ -130,7 +134,7 @@ def _classify_reply(data: bytes, decoder: msgspec.json.Decoder[Any]) -> Result:
 class FuzzEnv:
     settings: Settings
     server: NatsServer
-    sup: Supervisor
+    deployment: Deployment
     portal: BlockingPortal
     nc: NATS
     committer: ServiceProcess
@@ -157,10 +161,7 @@ class FuzzEnv:
 
     def _restart(self, p: ServiceProcess) -> None:
         """Keep the campaign going after a crash (it is already counted)."""
-        p.stop(timeout=5)
-        fresh = ServiceProcess(p.name, p.args, p.env, log_path=p.log_path)
-        self.sup.services.remove(p)
-        self.sup.start(fresh, timeout=60)
+        fresh = self.deployment.replace(p, timeout=60)
         if p is self.committer:
             self.committer = fresh
         else:
@@ -344,10 +345,6 @@ def run_boundary(env: FuzzEnv, boundary: str, cases: int, *, derandomize: bool, 
 # --- start-up and the corpus ------------------------------------------------------------------------
 
 
-def _proc(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> ServiceProcess:
-    return ServiceProcess(name, args, env, log_path=str(log_dir / f"{name}.log"))
-
-
 @contextlib.contextmanager
 def fuzz_env(log_dir: Path) -> Iterator[FuzzEnv]:
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -356,24 +353,18 @@ def fuzz_env(log_dir: Path) -> Iterator[FuzzEnv]:
     (root / "a.txt").write_text("hello\n")
     server = NatsServer(name="fuzz").start()
     settings = Settings.from_env({}, nats_urls=(server.url,), prefix="fz" + uuid.uuid4().hex[:8])
-    env = {
-        "LW_NATS_URL": server.url,
-        "LW_PREFIX": settings.prefix,
-        "LW_TOOL_ROOT": str(root),
-        "LW_TOOL_TIMEOUT_SECONDS": "10",
-        "LW_LOG_LEVEL": "WARNING",
-    }
-    sup = Supervisor()
+    extra = {"LW_TOOL_ROOT": str(root), "LW_TOOL_TIMEOUT_SECONDS": "10"}
+    d = Deployment.for_settings(settings, log_dir, log_level="WARNING", env=extra)
     try:
-        committer = sup.start(_proc("committer", ["-m", "services.committer"], env, log_dir), timeout=60)
-        worker = sup.start(_proc("tools", ["-m", "services.tools", *FUZZ_TOOLS], env, log_dir), timeout=60)
+        committer = d.start("committer", service_command("committer"), timeout=60)
+        worker = d.start("tools", tool_command(*FUZZ_TOOLS), timeout=60)
         helpers = [
-            sup.start(_proc("model-step", ["-m", "services.model_step"], env, log_dir), timeout=60),
-            sup.start(_proc("tools-sleep", ["-m", "services.tools", "sleep"], env, log_dir), timeout=60),
+            d.start("model-step", service_command("model-step"), timeout=60),
+            d.start("tools-sleep", tool_command("sleep"), timeout=60),
         ]
         with start_blocking_portal("asyncio") as portal:
             nc = portal.call(connect, settings)
-            fe = FuzzEnv(settings, server, sup, portal, nc, committer, worker, log_dir)
+            fe = FuzzEnv(settings, server, d, portal, nc, committer, worker, log_dir)
             try:
                 fe.corpus = portal.call(_capture_corpus, fe)
                 for p in helpers:  # from now on the committer is the only writer
@@ -382,14 +373,35 @@ def fuzz_env(log_dir: Path) -> Iterator[FuzzEnv]:
             finally:
                 portal.call(nc.close)
     finally:
-        sup.stop_all()
+        d.stop_all()
         server.cleanup()
 
 
 async def _capture_corpus(fe: FuzzEnv) -> Corpus:
-    nc, s = fe.nc, fe.settings
-    names = s.names
+    nc, names = fe.nc, fe.settings.names
     live: list[dict[str, Any]] = []
+    sub = await nc.subscribe(names.live_all, cb=_live_sampler(live))
+    full, failed = await _run_scripted_loops(fe)
+    gated, gate_id = await _loop_at_open_gate(fe, full.client)
+    await sub.unsubscribe()
+    # 4. the commit target: a started loop nobody drives
+    target = str(uuid.uuid4())
+    await full.client.start(target, model="demo")
+    envelopes = await _envelopes_as(fe, [*full.loops, *failed.loops, gated], target)
+    message = next(e["message"] for e in envelopes if e["type"] == "InputSubmitted")
+    closed = next(iter(full.loops))
+    return Corpus(
+        loop_id=target,
+        envelopes=envelopes,
+        live=live or [{"v": 1, "type": "TokenDelta", "loop_id": target}],
+        api_bodies=_api_bodies(message, gate_id),
+        api_loops=[target, closed, gated, str(uuid.uuid4())],
+        tool_args=_tool_args(),
+    )
+
+
+def _live_sampler(live: list[dict[str, Any]]) -> Callable[[Msg], Awaitable[None]]:
+    """A ``lw.live.>`` callback that keeps up to 5 events of each type in ``live``."""
     seen_types: Counter[str] = Counter()
 
     async def on_live(m: Msg) -> None:
@@ -400,7 +412,12 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
                     seen_types[t] += 1
                     live.append(doc)
 
-    sub = await nc.subscribe(names.live_all, cb=on_live)
+    return on_live
+
+
+async def _run_scripted_loops(fe: FuzzEnv) -> tuple[Load, Load]:
+    """Run the fault suite's script to closed, and a failed turn; returns both loads."""
+    nc, s = fe.nc, fe.settings
     # 1. the fault suite's script (tools, parallel calls, malformed JSON, approved and denied gates), closed
     full = Load(nc, s, write_model(fe.log_dir, script(), "script.json"), 1)
     # 2. a failed turn (empty response)
@@ -409,27 +426,31 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
     with anyio.fail_after(120):
         await full.run(timeout=100)
         await failed.run(timeout=100)
-    # 3. a loop left waiting at an open gate (the answer verb gets a real gate to aim at)
+    return full, failed
+
+
+async def _loop_at_open_gate(fe: FuzzEnv, lc: LoopClient) -> tuple[str, str]:
+    """3. a loop left waiting at an open gate (the answer verb gets a real gate to aim at): (loop, gate)."""
     gated = str(uuid.uuid4())
-    lc = full.client
     await lc.start(gated, model=write_model(fe.log_dir, quick_script(), "quick.json"), policy={"calculator": "ask"})
     await lc.input(gated, "go")
     gate_id = ""
     with anyio.fail_after(60):
         while not gate_id:
-            h = await load(nc, names, gated)
+            h = await load(fe.nc, fe.settings.names, gated)
             gate_id = h.open_gates[0].gate.id if h.open_gates else ""
             await anyio.sleep(0.1)
-    await sub.unsubscribe()
-    # 4. the commit target: a started loop nobody drives
-    target = str(uuid.uuid4())
-    await lc.start(target, model="demo")
+    return gated, gate_id
 
+
+async def _envelopes_as(fe: FuzzEnv, loop_ids: list[str], target: str) -> list[dict[str, Any]]:
+    """Every stored record of ``loop_ids``, as JSON documents re-addressed to the loop ``target``."""
+    names = fe.settings.names
     envelopes: list[dict[str, Any]] = []
-    for loop_id in [*full.loops, *failed.loops, gated]:
+    for loop_id in loop_ids:
         start = 1
         while True:
-            b = await direct_get_batch(nc, names.history_stream, names.hist(loop_id), start_seq=start)
+            b = await direct_get_batch(fe.nc, names.history_stream, names.hist(loop_id), start_seq=start)
             for m in b.messages:
                 doc = json.loads(m.data)
                 doc["loop_id"] = target
@@ -437,10 +458,16 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
             if not b.messages or b.num_pending == 0:
                 break
             start = b.messages[-1].seq + 1
-    message = next(e["message"] for e in envelopes if e["type"] == "InputSubmitted")
-    new = lambda: str(uuid.uuid4())  # noqa: E731
-    closed = next(iter(full.loops))
-    api_bodies: dict[str, list[dict[str, Any]]] = {
+    return envelopes
+
+
+def _api_bodies(message: Any, gate_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Valid loop-API request bodies per verb (``message``: a stored user message; ``gate_id``: an open gate)."""
+
+    def new() -> str:
+        return str(uuid.uuid4())
+
+    return {
         "start": [
             {"command_id": new(), "model": "demo"},
             {
@@ -472,7 +499,11 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
             {"command_id": new(), "budget": {"max_steps_per_turn": 3, "max_turn_seconds": 1.5}},
         ],
     }
-    tool_args: dict[str, list[dict[str, Any]]] = {
+
+
+def _tool_args() -> dict[str, list[dict[str, Any]]]:
+    """Valid arguments for each fuzzed tool (paths are under the worker's tool root)."""
+    return {
         "calculator": [{"expression": "1+2*(3-4)/5"}, {"expression": "2**10 % 7"}],
         "clock": [{"timezone": "Europe/Paris"}, {}],
         "kv_memory": [
@@ -484,11 +515,3 @@ async def _capture_corpus(fe: FuzzEnv) -> Corpus:
         "list_dir": [{"path": "."}, {"path": "sub"}],
         "ask_user": [{"question": "q", "choices": ["a", "b"]}],
     }
-    return Corpus(
-        loop_id=target,
-        envelopes=envelopes,
-        live=live or [{"v": 1, "type": "TokenDelta", "loop_id": target}],
-        api_bodies=api_bodies,
-        api_loops=[target, closed, gated, new()],
-        tool_args=tool_args,
-    )

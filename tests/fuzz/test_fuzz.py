@@ -71,40 +71,53 @@ def _commit(events: list[dict[str, Any]], seq: object = CURRENT_SEQ) -> bytes:
     return json.dumps({"expected_last_seq": seq, "events": events}).encode()
 
 
+BadCase = tuple[str, Any, str]  # (what, the case, the error kind it must get)
+
+
 def test_every_category_of_bad_input_gets_its_structured_error(env: FuzzEnv) -> None:
     """One case per category the issue names, with the error each must get (and nothing stored)."""
-    c = env.corpus
-    step = copy.deepcopy(next(e for e in c.envelopes if e["type"] == "StepDone" and len(e["messages"]) == 1))
+    loop = env.corpus.loop_id
+    # The loop-API cases go to a loop of their own, started now: the fuzzing before may have closed
+    # the corpus loop (a close is valid input), and a closed loop refuses before it reads a body.
+    open_loop = str(uuid.uuid4())
+    started = env.execute("api", ApiCase(open_loop, "start", json.dumps({"command_id": str(uuid.uuid4())}).encode()))
+    assert started.outcome == "accepted", started
+    cases: list[BadCase] = [
+        *_size_and_depth_cases(env, loop, open_loop),
+        *_type_and_field_cases(env, loop, open_loop),
+        *_encoding_cases(env, loop, open_loop),
+        *_identity_and_routing_cases(env, loop, open_loop),
+    ]
+    for what, case, kind in cases:
+        boundary = "commit" if isinstance(case, CommitCase) else "api"
+        r = env.execute(boundary, case)
+        assert (r.outcome, r.detail) == ("rejected", kind), what
+
+
+def _size_and_depth_cases(env: FuzzEnv, loop: str, open_loop: str) -> list[BadCase]:
+    step = copy.deepcopy(next(e for e in env.corpus.envelopes if e["type"] == "StepDone" and len(e["messages"]) == 1))
     # a record over the committer's limit (max_payload - 1 KiB) whose request still fits one NATS message
     huge = copy.deepcopy(step)
     huge["messages"][0]["blocks"] = [{"type": "text", "text": ""}]
     huge["messages"][0]["blocks"][0]["text"] = "x" * (1_048_100 - len(json.dumps(huge)))
     deep = copy.deepcopy(step)
     deep["messages"][0]["blocks"] = [{"type": "text", "text": "x", "extra": gen.nest(1, 300, False)}]
-    forged = _event(env, "TurnDone")
-    forged["loop_id"] = str(uuid.uuid4())
-    token = next(e for e in c.live if e["type"] == "TokenDelta")
+    # an input whose body fits one NATS message but whose record (ids, timestamps added) does not fit 1 MiB
+    api_huge = json.dumps({"command_id": str(uuid.uuid4()), "text": ""}).encode()
+    api_huge = api_huge.replace(b'""', b'"' + b"y" * (1_048_450 - len(api_huge)) + b'"')
+    return [
+        ("oversized event", CommitCase(loop, _commit([huge])), "too_large"),
+        ("deep nesting", CommitCase(loop, _commit([deep])), "invalid"),
+        ("huge loop-API string", ApiCase(open_loop, "input", api_huge), "too_large"),
+    ]
+
+
+def _type_and_field_cases(env: FuzzEnv, loop: str, open_loop: str) -> list[BadCase]:
     typed = _event(env, "LoopIdle")
     typed["created_at"] = 12
     unknown = _event(env, "LoopIdle")
     unknown["colour"] = "blue"
-    loop = c.loop_id
-    # The loop-API cases go to a loop of their own, started now: the fuzzing before may have closed
-    # the corpus loop (a close is valid input), and a closed loop refuses before it reads a body.
-    open_loop = str(uuid.uuid4())
-    started = env.execute("api", ApiCase(open_loop, "start", json.dumps({"command_id": str(uuid.uuid4())}).encode()))
-    assert started.outcome == "accepted", started
-    # an input whose body fits one NATS message but whose record (ids, timestamps added) does not fit 1 MiB
-    api_huge = json.dumps({"command_id": str(uuid.uuid4()), "text": ""}).encode()
-    api_huge = api_huge.replace(b'""', b'"' + b"y" * (1_048_450 - len(api_huge)) + b'"')
-    cases: list[tuple[str, Any, str]] = [
-        ("oversized event", CommitCase(loop, _commit([huge])), "too_large"),
-        ("deep nesting", CommitCase(loop, _commit([deep])), "invalid"),
-        (
-            "huge loop-API string",
-            ApiCase(open_loop, "input", api_huge),
-            "too_large",
-        ),
+    return [
         ("wrong type (request)", CommitCase(loop, _commit([_event(env, "LoopIdle")], seq="1")), "invalid"),
         ("sequence out of range", CommitCase(loop, _commit([_event(env, "LoopIdle")], seq=2**64)), "invalid"),
         ("wrong type (event)", CommitCase(loop, _commit([typed])), "invalid"),
@@ -114,6 +127,11 @@ def test_every_category_of_bad_input_gets_its_structured_error(env: FuzzEnv) -> 
             ApiCase(open_loop, "close", b'{"command_id": "%s", "force": true}' % str(uuid.uuid4()).encode()),
             "invalid",
         ),
+    ]
+
+
+def _encoding_cases(env: FuzzEnv, loop: str, open_loop: str) -> list[BadCase]:
+    return [
         (
             "duplicate keys",
             CommitCase(loop, b'{"expected_last_seq": 1, "Expected_Last_Seq": 2, "events": []}'),
@@ -146,24 +164,19 @@ def test_every_category_of_bad_input_gets_its_structured_error(env: FuzzEnv) -> 
             ),
             "invalid",
         ),
+    ]
+
+
+def _identity_and_routing_cases(env: FuzzEnv, loop: str, open_loop: str) -> list[BadCase]:
+    token = next(e for e in env.corpus.live if e["type"] == "TokenDelta")
+    forged = _event(env, "TurnDone")
+    forged["loop_id"] = str(uuid.uuid4())
+    answer = {"command_id": str(uuid.uuid4()), "gate_id": str(uuid.uuid4()), "action": "approve"}
+    return [
         ("ephemeral event", CommitCase(loop, _commit([{**token, "loop_id": loop}])), "invalid"),
         ("forged loop id (event)", CommitCase(loop, _commit([forged])), "invalid"),
         ("forged loop id (subject)", CommitCase(loop.upper(), _commit([_event(env, "LoopIdle")])), "invalid"),
-        (
-            "forged gate id",
-            ApiCase(
-                open_loop,
-                "answer",
-                json.dumps(
-                    {"command_id": str(uuid.uuid4()), "gate_id": str(uuid.uuid4()), "action": "approve"}
-                ).encode(),
-            ),
-            "not_found",
-        ),
+        ("forged gate id", ApiCase(open_loop, "answer", json.dumps(answer).encode()), "not_found"),
         ("unknown verb", ApiCase(open_loop, "delete", b'{"command_id": "%s"}' % str(uuid.uuid4()).encode()), "invalid"),
         ("not JSON", ApiCase(open_loop, "start", b"\x00\x01 not json"), "invalid"),
     ]
-    for what, case, kind in cases:
-        boundary = "commit" if isinstance(case, CommitCase) else "api"
-        r = env.execute(boundary, case)
-        assert (r.outcome, r.detail) == ("rejected", kind), what

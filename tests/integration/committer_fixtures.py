@@ -10,10 +10,10 @@ import anyio
 from nats.aio.client import Client as NATS
 
 from services.committer import CommitterService
-from shared.bus import StoredMsg, direct_get_batch
 from shared.content import Usage, ai_text, user_text
 from shared.events import Cause, Event, InputSubmitted, LoopStarted, StepDone, TurnDone, TurnStarted, make
 from shared.settings import Settings
+from shared.streamreads import StoredMsg, direct_get_batch
 from shared.subjects import H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ
 
 

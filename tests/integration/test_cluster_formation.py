@@ -16,10 +16,11 @@ import anyio
 import nats
 import pytest
 
-from shared.bus import JetStreamUnavailableError, ensure_all
+from services.deployment import Deployment, service_command, service_env
+from shared.jserrors import JetStreamUnavailableError
 from shared.natsserver import NatsServer, free_port
-from shared.procs import ServiceProcess
 from shared.settings import Settings
+from shared.streams import ensure_all
 from tests import natsfixtures
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
@@ -75,9 +76,8 @@ async def test_creation_waits_for_the_cluster_to_form(forming: list[NatsServer],
         assert time.monotonic() - t0 < 10
 
         # A committer started now waits; once the third node joins with JetStream, it serves.
-        env = {"LW_NATS_URL": forming[0].url, "LW_PREFIX": settings.prefix, "LW_REPLICAS": "3"}
-        proc = ServiceProcess("committer", ["-m", "services.committer"], env, log_path=str(tmp_path / "c.log"))
-        proc.start(wait=False)
+        committer = Deployment(service_env([forming[0].url], settings.prefix, 3), tmp_path)
+        proc = committer.start("committer", service_command("committer"), wait=False)
         try:
             await anyio.sleep(2)
             assert proc.running, proc.log_tail()

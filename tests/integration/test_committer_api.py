@@ -13,7 +13,6 @@ from nats.aio.msg import Msg
 
 from services.committer.api import LoopApi
 from services.committer.appender import Appender
-from shared.bus import ensure_all, ensure_work_stream
 from shared.client import CommitClient, LoopClient
 from shared.content import user_text
 from shared.events import (
@@ -43,6 +42,7 @@ from shared.protocol import (
     encode,
 )
 from shared.settings import Settings
+from shared.streams import ensure_all, ensure_work_stream
 from shared.subjects import Verb, js_api
 from tests.integration.committer_fixtures import new_id, running_committer
 

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.bus import IncompatibleConfigError, connect, ensure_history_stream
+from services.deployment import Deployment, service_command
 from shared.client import CommitClient, LoopClient
+from shared.connect import connect
+from shared.events import Event
+from shared.jserrors import IncompatibleConfigError
 from shared.natsserver import NatsCluster
 from shared.procs import ServiceProcess
 from shared.protocol import ClosedError, UnavailableError
 from shared.settings import Settings
+from shared.streams import ensure_history_stream
 from tests import natsfixtures
 from tests.integration.committer_fixtures import (
     loop_started,
@@ -31,6 +35,7 @@ from tests.integration.committer_fixtures import (
     stored,
     text_turn,
 )
+from tests.system.clusterops import restore_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
 T = 10.0
@@ -58,16 +63,6 @@ async def cnc(r3: Settings) -> AsyncIterator[NATS]:
         yield nc
     finally:
         await nc.close()
-
-
-def restore(cluster: NatsCluster) -> None:
-    """Start every stopped node again and wait for a healthy cluster (main thread: see shared.procs)."""
-    for node in cluster.nodes:
-        if not node.running:
-            node.start(wait=False)
-    for node in cluster.nodes:
-        node.wait_ready(timeout=30, jetstream=False)
-    cluster.wait_meta_leader(timeout=30)
 
 
 async def test_retry_of_a_stored_commit_on_r3(r3: Settings, cnc: NATS) -> None:
@@ -129,7 +124,7 @@ async def test_lost_quorum_answers_unavailable_then_the_same_commit_succeeds(nat
                     await client.commit(loop_id, first.last_seq, record)
                 assert time.monotonic() - t0 >= 1.5  # it retried for commit_retry_seconds first
             finally:
-                restore(nats_cluster)
+                restore_cluster(nats_cluster)
             with anyio.fail_after(60):
                 while True:
                     try:
@@ -143,78 +138,78 @@ async def test_lost_quorum_answers_unavailable_then_the_same_commit_succeeds(nat
         await nc.close()
 
 
-async def test_stream_leader_sigkill_during_20_loops_of_appends(nats_cluster: NatsCluster, tmp_path: Path) -> None:
-    settings = cluster_settings(nats_cluster, commit_retry_seconds=20.0)
-    env = {
-        "LW_NATS_URL": ",".join(nats_cluster.urls),
-        "LW_PREFIX": settings.prefix,
-        "LW_REPLICAS": "3",
-        "LW_COMMIT_RETRY_SECONDS": "20",
-        "LW_LOG_LEVEL": "INFO",
-    }
-    committers = [
-        ServiceProcess(f"committer-{i}", ["-m", "services.committer"], env, log_path=str(tmp_path / f"c{i}.log"))
-        for i in range(2)
-    ]
-    for c in committers:
-        c.start(timeout=60)
-    nc = await connect(settings, name="failover-test")
-    client = CommitClient(nc, settings.names, 6.0)
-    acked: dict[str, list[tuple[int, str]]] = {}
-    acked_after_kill: dict[str, int] = {}
-    killed_at: list[float] = []
-    stop = anyio.Event()
-    resumed = anyio.Event()
-    errors: list[BaseException] = []
+class _Appenders:
+    """20 loops appending records as fast as the committers acknowledge them, around a leader kill."""
 
-    async def commit(loop_id: str, expected: int, events: list) -> int:  # type: ignore[type-arg]
+    def __init__(self, client: CommitClient) -> None:
+        self.client = client
+        self.acked: dict[str, list[tuple[int, str]]] = {}
+        self.acked_after_kill: dict[str, int] = {}
+        self.killed_at: list[float] = []
+        self.stop = anyio.Event()
+        self.resumed = anyio.Event()
+        self.errors: list[BaseException] = []
+
+    async def commit(self, loop_id: str, expected: int, events: Sequence[Event]) -> int:
         # Retry the identical commit until it is acknowledged: this is what makes appends exactly-once.
         while True:
             try:
-                return (await client.commit(loop_id, expected, events)).last_seq
+                return (await self.client.commit(loop_id, expected, events)).last_seq
             except UnavailableError:
                 await anyio.sleep(0.1)
 
-    async def run_loop() -> None:
+    async def run_loop(self) -> None:
         loop_id = new_id()
-        acked[loop_id] = []
-        acked_after_kill[loop_id] = 0
+        self.acked[loop_id] = []
+        self.acked_after_kill[loop_id] = 0
         try:
             start = loop_started(loop_id)
-            last = await commit(loop_id, 0, [start])
-            acked[loop_id].append((last, start.event_id))
+            last = await self.commit(loop_id, 0, [start])
+            self.acked[loop_id].append((last, start.event_id))
             turn = new_id()
-            while not stop.is_set():
-                record = step(loop_id, turn, f"{len(acked[loop_id])}")
-                last = await commit(loop_id, last, [record])
-                acked[loop_id].append((last, record.event_id))
-                if killed_at:
-                    acked_after_kill[loop_id] += 1
-                    if len(acked_after_kill) == 20 and min(acked_after_kill.values()) >= 5:
-                        resumed.set()
+            while not self.stop.is_set():
+                record = step(loop_id, turn, f"{len(self.acked[loop_id])}")
+                last = await self.commit(loop_id, last, [record])
+                self.acked[loop_id].append((last, record.event_id))
+                if self.killed_at:
+                    self.acked_after_kill[loop_id] += 1
+                    if len(self.acked_after_kill) == 20 and min(self.acked_after_kill.values()) >= 5:
+                        self.resumed.set()
         except BaseException as e:  # reported below; any error (a conflict!) fails the test
-            errors.append(e)
+            self.errors.append(e)
             raise
 
+
+def _start_committers(settings: Settings, tmp_path: Path) -> list[ServiceProcess]:
+    """Two committer processes on the cluster, retrying commits for up to 20 s."""
+    d = Deployment.for_settings(settings, tmp_path, env={"LW_COMMIT_RETRY_SECONDS": "20"})
+    return [d.start(f"committer-{i}", service_command("committer"), timeout=60) for i in range(2)]
+
+
+async def test_stream_leader_sigkill_during_20_loops_of_appends(nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    settings = cluster_settings(nats_cluster, commit_retry_seconds=20.0)
+    committers = _start_committers(settings, tmp_path)
+    nc = await connect(settings, name="failover-test")
+    a = _Appenders(CommitClient(nc, settings.names, 6.0))
     try:
         async with anyio.create_task_group() as tg:
             for _ in range(20):
-                tg.start_soon(run_loop)
+                tg.start_soon(a.run_loop)
             await anyio.sleep(1.5)
             leader = nats_cluster.stream_leader(settings.names.history_stream)
             assert leader is not None
-            before = sum(len(v) for v in acked.values())
+            before = sum(len(v) for v in a.acked.values())
             leader.kill()
-            killed_at.append(time.monotonic())
+            a.killed_at.append(time.monotonic())
             # Commits must resume: every loop gets acknowledgements after the kill.
             with anyio.fail_after(60):
-                await resumed.wait()
-            stop.set()
-        recovered = time.monotonic() - killed_at[0]
-        assert not errors
-        restore(nats_cluster)
+                await a.resumed.wait()
+            a.stop.set()
+        recovered = time.monotonic() - a.killed_at[0]
+        assert not a.errors
+        restore_cluster(nats_cluster)
         total = 0
-        for loop_id, acks in acked.items():
+        for loop_id, acks in a.acked.items():
             records = await stored(nc, settings, loop_id)
             # every acknowledged append is stored exactly once, at the acknowledged sequence, in order
             assert [(s, mid) for s, _, mid in records] == acks, loop_id
@@ -226,6 +221,6 @@ async def test_stream_leader_sigkill_during_20_loops_of_appends(nats_cluster: Na
         await nc.close()
         for c in committers:
             c.stop()
-        restore(nats_cluster)
+        restore_cluster(nats_cluster)
     for c in committers:
         assert c.proc is not None and c.proc.returncode == 0, c.log_tail()

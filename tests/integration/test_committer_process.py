@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus import connect
+from services.deployment import Deployment
 from shared.client import CommitClient, LoopClient
-from shared.procs import ServiceProcess
+from shared.connect import connect
 from shared.protocol import UnavailableError
 from shared.settings import Settings
 from tests.integration.committer_fixtures import new_id, step
@@ -26,9 +26,8 @@ def test_help() -> None:
 
 @pytest.mark.anyio
 async def test_process_serves_then_stops_gracefully(settings: Settings, tmp_path: Path) -> None:
-    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_MODEL": "scripted:x"}
-    proc = ServiceProcess("committer", ["-m", "services.committer"], env, log_path=str(tmp_path / "c.log"))
-    proc.start(timeout=30)
+    committer = Deployment.for_settings(settings, tmp_path, env={"LW_MODEL": "scripted:x"})
+    proc = committer.start("committer", ["-m", "services.committer"], timeout=30)  # the entry under test
     nc = await connect(settings, name="process-test")
     try:
         api = LoopClient(nc, settings.names, 5)

@@ -7,15 +7,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from shared.bus import (
-    TOOLS_TTL_SECONDS,
-    IncompatibleConfigError,
-    ensure_all,
-    ensure_history_stream,
-    ensure_kv,
-    ensure_work_stream,
-)
+from shared.jserrors import IncompatibleConfigError
 from shared.settings import Settings
+from shared.streams import TOOLS_TTL_SECONDS, ensure_all, ensure_history_stream, ensure_kv, ensure_work_stream
 
 pytestmark = pytest.mark.anyio
 

@@ -26,13 +26,14 @@ import nats.errors
 import pytest
 import yaml
 
-from services.cli.app import ClientCommand, handle_serve, parse_args
+from services.cli.app import parse_args
+from services.cli.handlers import ClientCommand, handle_serve
+from services.deployment import Deployment
 from services.tools.builtins import BUILTINS
 from services.tools.service import resolve_tools
-from shared.bus import connect
 from shared.client import LoopClient
+from shared.connect import connect
 from shared.natsserver import NatsServer, server_binary
-from shared.procs import ServiceProcess, Supervisor
 from shared.settings import ENV_VARS, Settings
 from shared.turns import wait_for_turn
 
@@ -194,21 +195,19 @@ def _settings(server: NatsServer, service: str) -> Settings:
 def test_services_run_a_loop_under_compose_permissions(secured: NatsServer, tmp_path: Path) -> None:
     # mcp-time: a bridge becomes ready (registers its MCP server's tools) under its permissions too.
     names = ["committer", "model-step", "tool-calculator", "tool-clock", "tool-kv-memory", "mcp-time"]
-    sup = Supervisor()
-    with sup:
+    here = {"LW_NATS_URL": secured.url, "LW_REPLICAS": "1", "PATH": VENV_PATH}
+    services = Deployment({}, tmp_path)  # compose's own commands and environments are what is under test
+    with services.sup:
         procs = [
-            ServiceProcess(
+            services.process(
                 name,
                 ["-m", "services.cli", *SERVICES[name]["command"]],
-                {**service_env(name), "LW_NATS_URL": secured.url, "LW_REPLICAS": "1", "PATH": VENV_PATH},
-                log_path=str(tmp_path / f"{name}.log"),
+                service_env(name) | here,
+                log_name=f"{name}.log",
             )
             for name in names
         ]
-        for p in procs:
-            sup.start(p, wait=False)
-        for p in procs:
-            p.wait_ready(60)
+        services.start_all(procs, timeout=60)
         follower = subprocess.Popen(
             [sys.executable, str(ROOT / "examples/follow_steps.py")],
             env={**os.environ, **service_env("cli"), "LW_NATS_URL": secured.url, "PYTHONPATH": str(ROOT)}

@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.lifecycle import let_go_of_silent
-from shared.bus import connect
+from shared.connect import connect
 from shared.connection import Connection, request, request_many, request_resending
 from shared.natsserver import NatsServer
 from shared.settings import Settings

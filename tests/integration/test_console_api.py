@@ -14,10 +14,10 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.deployment import Deployment, console_command
 from shared.client import LoopClient
 from shared.history import replay
 from shared.natsserver import free_port
-from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests.integration.committer_fixtures import running_committer
 
@@ -30,12 +30,9 @@ TOKEN = "s3cret-console-token"
 @contextmanager
 def console_process(settings: Settings, token: str) -> Iterator[str]:
     port = free_port()
-    env = {"LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": token}
     with tempfile.TemporaryDirectory(prefix="lw-console-") as d:
-        proc = ServiceProcess(
-            "console", ["-m", "services.cli", "console", "--port", str(port)], env, log_path=str(Path(d) / "log")
-        )
-        proc.start(timeout=30)
+        console = Deployment.for_settings(settings, Path(d), env={"LW_CONSOLE_TOKEN": token})
+        proc = console.start("console", console_command(port), timeout=30)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:

@@ -21,22 +21,18 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from shared.bus import (
+from shared.connect import connect
+from shared.jserrors import (
     ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_WRONG_LAST_SEQUENCE,
     ERR_WRONG_LAST_SEQUENCE_INFLIGHT,
     JetStreamError,
-    connect,
-    direct_get_batch,
-    ensure_all,
-    ensure_work_stream,
-    get_msg,
-    js_publish,
-    publish_batch,
-    stream_messages,
 )
 from shared.natsserver import NatsCluster
+from shared.publish import js_publish, publish_batch
 from shared.settings import Settings
+from shared.streamreads import direct_get_batch, get_msg, stream_messages
+from shared.streams import ensure_all, ensure_work_stream
 from shared.subjects import H_BATCH_ID, H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ, H_MSG_ID, H_TIMESTAMP
 from tests import natsfixtures
 

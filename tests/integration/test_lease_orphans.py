@@ -6,9 +6,10 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from services.model_step.lease import Leases
-from shared.bus import connect, ensure_all
+from shared.connect import connect
 from shared.events import new_id
 from shared.settings import Settings
+from shared.streams import ensure_all
 
 pytestmark = pytest.mark.anyio
 

@@ -7,6 +7,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.model_step.drive import Drive
 from services.model_step.driver import LoopDriver
 from shared import events as ev
 from shared.client import CommitClient
@@ -43,6 +44,6 @@ async def test_an_unavailable_commit_is_retried_with_the_same_events(settings: S
         builds += 1  # a rebuild would mint new event ids
         return [make(ev.LoopIdle, loop_id=loop_id), make(ev.LoopIdle, loop_id=loop_id)]
 
-    await driver._commit(LoopHistory(loop_id=loop_id), build)
+    await Drive(driver, loop_id, None).commit(LoopHistory(loop_id=loop_id), build)
     assert len(attempts) == 2 and attempts[0] == attempts[1]
     assert builds == 1

@@ -244,8 +244,8 @@ def test_sdk_refuses_inconsistent_annotations() -> None:
 async def test_unawaited_record_writes_are_acknowledged_or_handed_back(nc: NATS, fast: Settings) -> None:
     """``record_call_nowait``: an acknowledged write is readable; one nothing stores (no stream:
     "no responders") or that no ack answers in time goes to ``not_acked`` for an awaited write."""
-    from shared.bus import ensure_kv
     from shared.results import CallRecord
+    from shared.streams import ensure_kv
     from shared.subjects import Names
 
     await ensure_kv(nc.jetstream(), fast.names.results_bucket, ttl=fast.results_ttl_seconds)

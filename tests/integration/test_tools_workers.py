@@ -16,6 +16,7 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.deployment import Deployment
 from services.toolcaller import client as cl
 from services.toolcaller.executor import PlannedCall, normalise, run_batch
 from services.toolcaller.registry import ToolRegistry
@@ -23,7 +24,7 @@ from services.toolwire.protocol import CallIds
 from shared import shaping
 from shared.content import TextBlock, ToolResultMessage
 from shared.events import Event, RawToolUse, RetryPolicy
-from shared.procs import ServiceProcess, Supervisor
+from shared.procs import ServiceProcess
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -32,38 +33,29 @@ REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT = 0.3
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Supervisor]:
-    with Supervisor() as sup:
-        yield sup
-
-
 class Workers:
-    def __init__(self, sup: Supervisor, settings: Settings, tmp_path: Path) -> None:
-        self.sup, self.settings, self.tmp = sup, settings, tmp_path
-        self.n = 0
+    """Tool workers of one test: ``python -m services.tools`` (the entry under test) or a script."""
 
-    def env(self, **extra: str) -> dict[str, str]:
-        return {
-            "LW_NATS_URL": ",".join(self.settings.nats_urls),
-            "LW_PREFIX": self.settings.prefix,
-            "LW_HEARTBEAT_SECONDS": str(HEARTBEAT),
-            "LW_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
-            **extra,
-        }
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.n = 0
 
     def start(self, *args: str, wait: bool = True, **env: str) -> ServiceProcess:
         """Start ``python -m services.tools <args>`` (or a script) and wait until it serves."""
         self.n += 1
         argv = list(args) if args[0].endswith(".py") else ["-m", "services.tools", *args]
-        svc = ServiceProcess(f"worker{self.n}", argv, self.env(**env), log_path=str(self.tmp / f"worker{self.n}.log"))
-        return self.sup.start(svc, timeout=30, wait=wait)
+        return self.deployment.start(f"worker{self.n}", argv, env, timeout=30, wait=wait)
 
 
 @pytest.fixture
-def workers(procs: Supervisor, settings: Settings, tmp_path: Path) -> Workers:
-    return Workers(procs, settings, tmp_path)
+def workers(settings: Settings, tmp_path: Path) -> Iterator[Workers]:
+    extra = {
+        "LW_HEARTBEAT_SECONDS": str(HEARTBEAT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    }
+    deployment = Deployment.for_settings(settings, tmp_path, log_level="WARNING", env=extra)
+    with deployment.sup:
+        yield Workers(deployment)
 
 
 @asynccontextmanager

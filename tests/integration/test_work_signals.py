@@ -18,12 +18,14 @@ from services import reconcile
 from services.model_step.service import ModelStepService
 from services.model_step.work import WorkPuller, consumer_config
 from services.reconcile import LostItems
-from shared.bus import ensure_all, get_msg, purge_work, signal_work
 from shared.client import CommitClient, LoopClient
 from shared.content import AIMessage, text_of, user_text
 from shared.events import LoopIdle, TurnDone, TurnStarted, make, new_id
 from shared.history import load
 from shared.settings import Settings
+from shared.streamreads import get_msg
+from shared.streams import ensure_all
+from shared.worksignals import purge_work, signal_work
 from tests.integration.committer_fixtures import running_committer
 from tests.syshelpers import wait_history, write_script
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.system.faultkit import ScenarioReport, format_table
+from tests.system.scenarioreport import ScenarioReport, format_table
 
 SCENARIOS: list[ScenarioReport] = []
 EXTRA: dict[str, Any] = {}

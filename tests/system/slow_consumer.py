@@ -18,7 +18,7 @@ import time
 from nats.aio.msg import Msg
 from nats.js import api
 
-from shared.bus import connect
+from shared.connect import connect
 from shared.settings import Settings
 
 

@@ -23,13 +23,15 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from shared.bus import connect
+from shared.connect import connect
 from shared.natsserver import NatsServer
-from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.system import reports
-from tests.system.faultkit import Fleet, Load, fleet, script, verify_loop, write_model
+from tests.system.faultchecks import verify_loop
+from tests.system.faultload import Load
+from tests.system.faultscript import script, write_model
+from tests.system.fleet import Fleet, fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(600)]
 
@@ -107,13 +109,10 @@ async def test_slow_consumers_of_every_event_do_not_slow_the_services(nats_serve
     with fleet(settings, counts=counts, log_dir=tmp_path / "logs") as f:
         without = await timed_load(f, settings, model)
         slow = [
-            f.sysm.sup.start(
-                ServiceProcess(
-                    "slow-consumer",
-                    ["-m", "tests.system.slow_consumer"],
-                    {**f.sysm.env, "LW_SLOW_SECONDS": "0.05", "LW_SLOW_STATUS": str(tmp_path / f"slow{i}.status")},
-                    log_path=str(tmp_path / f"slow{i}.log"),
-                ),
+            f.deployment.start(
+                "slow-consumer",
+                ["-m", "tests.system.slow_consumer"],
+                {"LW_SLOW_SECONDS": "0.05", "LW_SLOW_STATUS": str(tmp_path / f"slow{i}.status")},
                 timeout=60,
             )
             for i in range(2)

@@ -34,27 +34,21 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared import events as ev
-from shared.bus import connect, direct_get_batch
 from shared.client import LoopClient
+from shared.connect import connect
 from shared.content import ToolResultMessage, text_of
 from shared.history import COMMAND_EVENTS, LoopHistory, load
 from shared.natsserver import NatsCluster
 from shared.protocol import RemoteError, UnavailableError
 from shared.settings import Settings
+from shared.streamreads import direct_get_batch
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history
 from tests.system import reports
-from tests.system.faultkit import (
-    Fleet,
-    chain_violations,
-    fleet,
-    restore_cluster,
-    sigcont,
-    sigstop,
-    stream_leader,
-    turn_violations,
-    write_model,
-)
+from tests.system.clusterops import restore_cluster, stream_leader
+from tests.system.faultchecks import chain_violations, turn_violations
+from tests.system.faultscript import write_model
+from tests.system.fleet import Fleet, fleet, sigcont, sigstop
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.cluster, pytest.mark.timeout(1500)]
 
@@ -299,33 +293,11 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
             unknown = 0
             steps_total = 0
             for lp in loops:
-                events = await history(nc, settings, lp.loop_id)
-                try:
-                    check_history_invariants(events)
-                except AssertionError as e:
-                    violations.append(f"{lp.loop_id[:8]}: {e}")
-                violations += [f"{lp.loop_id[:8]}: {v}" for v in await chain_violations(nc, settings, lp.loop_id)]
-                violations += [f"{lp.loop_id[:8]}: {v}" for v in turn_violations(events, settled=not stuck)]
-                by_cmd = Counter(
-                    e.cause.command_id for _, e in events if isinstance(e, COMMAND_EVENTS) and e.cause is not None
-                )
-                violations += [
-                    f"{lp.loop_id[:8]}: acked command reflected {by_cmd[c]}×" for c in lp.acked if by_cmd[c] != 1
-                ]
-                violations += [f"{lp.loop_id[:8]}: command reflected {by_cmd[c]}×" for c in lp.unacked if by_cmd[c] > 1]
-                steps_total += sum(1 for _, e in events if isinstance(e, ev.StepDone))
-                unknown += sum(
-                    1
-                    for _, e in events
-                    if isinstance(e, ev.StepDone)
-                    for m in e.messages
-                    if isinstance(m, ToolResultMessage) and text_of(m).startswith("error: outcome unknown")
-                )
-                committed = await step_commit_times(nc, settings, lp.loop_id)
-                for entry in ledger:
-                    at = committed.get(entry["step_id"]) if entry["loop_id"] == lp.loop_id else None
-                    if at is not None and entry["started"] > at:
-                        after_commit += 1
+                found = await check_loop(nc, settings, lp, ledger, settled=not stuck)
+                violations += found.violations
+                steps_total += found.steps
+                unknown += found.unknown_outcomes
+                after_commit += found.after_commit
         finally:
             await nc.close()
     return {
@@ -352,3 +324,43 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
         "stuck": stuck,
         "violations": violations[:20],
     }
+
+
+@dataclass
+class LoopFindings:
+    """What the stored records of one loop (and the ledger) show once the storm is over."""
+
+    violations: list[str] = field(default_factory=list)
+    steps: int = 0
+    unknown_outcomes: int = 0
+    after_commit: int = 0  # tool executions that started after their step was committed
+
+
+async def check_loop(
+    nc: NATS, settings: Settings, lp: Loop, ledger: list[dict[str, Any]], *, settled: bool
+) -> LoopFindings:
+    found = LoopFindings()
+    events = await history(nc, settings, lp.loop_id)
+    try:
+        check_history_invariants(events)
+    except AssertionError as e:
+        found.violations.append(f"{lp.loop_id[:8]}: {e}")
+    found.violations += [f"{lp.loop_id[:8]}: {v}" for v in await chain_violations(nc, settings, lp.loop_id)]
+    found.violations += [f"{lp.loop_id[:8]}: {v}" for v in turn_violations(events, settled=settled)]
+    by_cmd = Counter(e.cause.command_id for _, e in events if isinstance(e, COMMAND_EVENTS) and e.cause is not None)
+    found.violations += [f"{lp.loop_id[:8]}: acked command reflected {by_cmd[c]}×" for c in lp.acked if by_cmd[c] != 1]
+    found.violations += [f"{lp.loop_id[:8]}: command reflected {by_cmd[c]}×" for c in lp.unacked if by_cmd[c] > 1]
+    found.steps = sum(1 for _, e in events if isinstance(e, ev.StepDone))
+    found.unknown_outcomes = sum(
+        1
+        for _, e in events
+        if isinstance(e, ev.StepDone)
+        for m in e.messages
+        if isinstance(m, ToolResultMessage) and text_of(m).startswith("error: outcome unknown")
+    )
+    committed = await step_commit_times(nc, settings, lp.loop_id)
+    for entry in ledger:
+        at = committed.get(entry["step_id"]) if entry["loop_id"] == lp.loop_id else None
+        if at is not None and entry["started"] > at:
+            found.after_commit += 1
+    return found

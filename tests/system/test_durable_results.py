@@ -28,16 +28,17 @@ from nats.aio.client import Client as NATS
 
 from services.model_step.steps import execution_id_for
 from shared import events as ev
-from shared.bus import connect
 from shared.client import LoopClient
 from shared.codec import decode_live_frame
+from shared.connect import connect
 from shared.content import ToolResultMessage, text_of
 from shared.natsserver import NatsCluster, NatsServer
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
 from tests.system import reports
-from tests.system.faultkit import Fleet, fleet, write_model
+from tests.system.faultscript import write_model
+from tests.system.fleet import Fleet, fleet
 from tests.system.test_fencing import process_of, wait_holder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(300)]
@@ -200,17 +201,6 @@ async def test_kill_storm_never_runs_a_call_of_a_tool_that_may_not_run_twice_twi
                 await api.input(loop_id, "go")
             finished: set[str] = set()
 
-            async def kill_until_done() -> None:
-                while len(finished) < STORM_LOOPS:
-                    await anyio.sleep(rng.uniform(0.2, 1.0))
-                    roles = rng.choice([["model-step"], ["tools-ledger"], ["model-step", "tools-ledger"]])
-                    victims = [f.pick(role) for role in roles]
-                    for v in victims:
-                        v.kill()
-                        kills[v.name] += 1
-                    for v in victims:
-                        await f.replace(v)
-
             async def wait_all() -> None:
                 for loop_id in loop_ids:
                     await wait_history(
@@ -219,19 +209,9 @@ async def test_kill_storm_never_runs_a_call_of_a_tool_that_may_not_run_twice_twi
                     finished.add(loop_id)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(kill_until_done)
+                tg.start_soon(kill_until_done, f, rng, kills, finished)
                 await wait_all()
-            results: dict[str, str] = {}  # execution id → committed result text
-            steps = 0
-            for loop_id in loop_ids:
-                events = await history(nc, settings, loop_id)
-                check_history_invariants(events)
-                for _, e in events:
-                    if isinstance(e, ev.StepDone):
-                        steps += 1
-                        for m in e.messages:
-                            if isinstance(m, ToolResultMessage):
-                                results[execution_id_for(e.step_id, m.tool_use_id)] = text_of(m)
+            results, steps = await storm_results(nc, settings, loop_ids)
         finally:
             await nc.close()
     runs: Counter[tuple[str, str]] = Counter((x["tool"], x["execution_id"]) for x in read_ledger(ledger_file))
@@ -257,3 +237,32 @@ async def test_kill_storm_never_runs_a_call_of_a_tool_that_may_not_run_twice_twi
         if results.get(eid, "").startswith("recorded") and tool == "ledger":
             assert n == 1, (tool, eid, n)
     assert kills, figures
+
+
+async def kill_until_done(f: Fleet, rng: random.Random, kills: Counter[str], finished: set[str]) -> None:
+    """Every 0.2-1 s, SIGKILL a model-step, a ledger worker or both, and replace them, until all loops finished."""
+    while len(finished) < STORM_LOOPS:
+        await anyio.sleep(rng.uniform(0.2, 1.0))
+        roles = rng.choice([["model-step"], ["tools-ledger"], ["model-step", "tools-ledger"]])
+        victims = [f.pick(role) for role in roles]
+        for v in victims:
+            v.kill()
+            kills[v.name] += 1
+        for v in victims:
+            await f.replace(v)
+
+
+async def storm_results(nc: NATS, settings: Settings, loop_ids: list[str]) -> tuple[dict[str, str], int]:
+    """Check each loop's history; (execution id → committed result text, number of steps committed)."""
+    results: dict[str, str] = {}
+    steps = 0
+    for loop_id in loop_ids:
+        events = await history(nc, settings, loop_id)
+        check_history_invariants(events)
+        for _, e in events:
+            if isinstance(e, ev.StepDone):
+                steps += 1
+                for m in e.messages:
+                    if isinstance(m, ToolResultMessage):
+                        results[execution_id_for(e.step_id, m.tool_use_id)] = text_of(m)
+    return results, steps

@@ -22,31 +22,25 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.bus import connect
+from shared.connect import connect
 from shared.natsserver import NatsCluster
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.syshelpers import history
 from tests.system import reports
-from tests.system.faultkit import (
+from tests.system.clusterops import restart_node, restore_cluster, stream_leader
+from tests.system.faultchecks import verify_loop, why_stuck
+from tests.system.faultload import Load
+from tests.system.faultscript import (
     FAULT_RESULT_PREFIXES,
     NODE_LOSS_RESULT_PREFIXES,
     SLEEP_SECONDS,
-    Fleet,
-    Load,
-    ScenarioReport,
-    fleet,
     quick_script,
-    restart_node,
-    restore_cluster,
     script,
-    sigcont,
-    sigstop,
-    stream_leader,
-    verify_loop,
-    why_stuck,
     write_model,
 )
+from tests.system.fleet import Fleet, fleet, sigcont, sigstop
+from tests.system.scenarioreport import ScenarioReport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.cluster, pytest.mark.timeout(1200)]
 
@@ -215,7 +209,7 @@ SCENARIOS: dict[str, Fault] = {
     "sigkill-work-leader": kill_work_leader,
     "rolling-restart": rolling_restart,
 }
-# Tool-result texts each scenario may produce instead of a tool's answer (see faultkit).
+# Tool-result texts each scenario may produce instead of a tool's answer (see faultscript).
 ACCEPTED: dict[str, tuple[str, ...]] = {
     "sigkill-stream-leader": NODE_LOSS_RESULT_PREFIXES,
     "sigkill-work-leader": NODE_LOSS_RESULT_PREFIXES,

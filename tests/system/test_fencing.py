@@ -19,16 +19,18 @@ import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.bus import connect
 from shared.client import LoopClient
 from shared.codec import decode_live_frame
+from shared.connect import connect
 from shared.natsserver import NatsServer
 from shared.procs import ServiceProcess
 from shared.settings import Settings
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
 from tests.system import reports
-from tests.system.faultkit import Fleet, chain_violations, fleet, sigcont, sigstop, turn_violations, write_model
+from tests.system.faultchecks import chain_violations, turn_violations
+from tests.system.faultscript import write_model
+from tests.system.fleet import Fleet, fleet, sigcont, sigstop
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(300)]
 

@@ -20,22 +20,24 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.deployment import Deployment, console_command
 from shared import events as ev
-from shared.bus import connect, get_msg
 from shared.client import CommitClient, LoopClient
+from shared.connect import connect
 from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, text_of
 from shared.events import ForkChanges
 from shared.forking import ForkSpec, build_fork, content_of, valid_points
 from shared.history import LoopHistory, fold
 from shared.natsserver import NatsServer, free_port
-from shared.procs import ServiceProcess
 from shared.protocol import ConflictError, InvalidRequestError, NotFoundError, UnavailableError
 from shared.settings import Settings
+from shared.streamreads import get_msg
 from shared.wiretypes import Reexecution
 from tests import natsfixtures
 from tests.syshelpers import check_history_invariants, history, wait_history
 from tests.system import reports
-from tests.system.faultkit import fleet, write_model
+from tests.system.faultscript import write_model
+from tests.system.fleet import fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
 
@@ -305,10 +307,8 @@ async def test_console_forks_from_a_point_and_shows_lineage(
     records = await history(nc, settings, source)
     inp = next(s for s, e in records if isinstance(e, ev.InputSubmitted))
     port = free_port()
-    env_ = {"LW_NATS_URL": settings.nats_urls[0], "LW_PREFIX": settings.prefix, "LW_CONSOLE_TOKEN": ""}
-    proc = ServiceProcess(
-        "console", ["-m", "services.cli", "console", "--port", str(port)], env_, log_path=str(tmp_path / "console.log")
-    )
+    console = Deployment.for_settings(settings, tmp_path, env={"LW_CONSOLE_TOKEN": ""})
+    proc = console.process("console", console_command(port), log_name="console.log")
     await anyio.to_thread.run_sync(lambda: proc.start(timeout=30))
     base = f"http://127.0.0.1:{port}"
     try:

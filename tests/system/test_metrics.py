@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from services.deployment import service_command
 from shared import events as ev
 from shared.client import LoopClient
 from shared.natsserver import free_port
@@ -93,7 +94,7 @@ async def test_prometheus_scrapes_every_service_and_counts_what_history_holds(
     with otlp_receiver(tmp_path) as (endpoint, spans_file):
         env = tracing_env(endpoint)
         with system(settings, committers=0, model_steps=0, tools=(), env=env) as s:
-            s.start("committer", ["-m", "services.committer"], env={"LW_METRICS_PORT": str(ports["committer"])})
+            s.start("committer", service_command("committer"), env={"LW_METRICS_PORT": str(ports["committer"])})
             s.tools("calculator", "clock", LW_METRICS_PORT=str(ports["tools"]))
             s.model_step(LW_METRICS_PORT=str(ports["model-step"]))
             with prometheus(tmp_path, [f"127.0.0.1:{p}" for p in ports.values()]) as prom:

@@ -12,13 +12,13 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared import events as ev
-from shared.bus import get_msg
 from shared.client import LoopClient
 from shared.codec import decode_event, decode_live_frame
 from shared.content import AIMessage, ToolResultMessage, ToolUseBlock, text_of, tool_uses
 from shared.protocol import ClosedError, NotFoundError
 from shared.settings import Settings
 from shared.shaping import INVALID_JSON_ARGUMENTS, TRUNCATED_NOTICE
+from shared.streamreads import get_msg
 from tests.syshelpers import (
     TOOL_TURN_HISTORY,
     check_history_invariants,

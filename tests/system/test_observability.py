@@ -139,99 +139,120 @@ async def test_one_trace_per_turn_across_processes(settings: Settings, nc: NATS,
         otlp_receiver(tmp_path) as (endpoint, out),
         system(settings, env={**tracing_env(endpoint), **env_json}) as sys_,
     ):
-        lc = LoopClient(nc, settings.names)
-        demo, bad, gated = (str(uuid.uuid4()) for _ in range(3))
-        await lc.start(demo, model="demo")
-        await lc.start(bad, model=erring)
-        await lc.start(gated, model="demo", policy={"clock": "ask"})
-        for loop_id in (demo, bad, gated):
-            await lc.input(loop_id, "what is 17*23 and what time is it in Tokyo?")
-        await wait_history(nc, settings, demo, lambda h: h.idle)
-        await wait_history(nc, settings, bad, lambda h: h.idle)
-        h = await wait_history(nc, settings, gated, lambda h: bool(h.open_gates))
-        await lc.answer(gated, h.open_gates[0].gate.id, "approve")
-        await wait_history(nc, settings, gated, lambda h: h.idle)
+        demo, bad, gated = await run_demo_erring_and_gated_loops(nc, settings, erring)
+        demo_trace = await check_demo_turn_trace(nc, settings, out, demo)
+        await check_error_result_trace(nc, settings, out, bad, erring, other_trace=demo_trace)
+        await check_gated_turn_trace(nc, settings, out, gated)
+        check_json_logs(sys_.log_dir)
 
-        # --- the demo loop: one trace, expected names, links across processes, tokens = committed usage
-        (ts,) = await turn_started(nc, settings, demo)
-        trace_id, turn_span = trace_of(ts.traceparent)
-        spans = await spans_when(out, trace_id, lambda ss: len([s for s in ss if s["name"].startswith("append ")]) >= 3)
-        assert {"invoke_agent", "execute_tool calculator", "execute_tool clock"} <= names(spans)
-        # The turn records the context its drive began in: the input command's span.
-        assert by_id(spans)[turn_span]["name"] == f"input {settings.prefix}.api"
-        (agent,) = [s for s in spans if s["name"] == "invoke_agent"]
-        assert agent["parent_span_id"] == turn_span and agent["attributes"]["gen_ai.conversation.id"] == demo
-        assert agent["attributes"]["loopwire.turn_id"] == ts.turn_id
-        check_cross_process_links(spans)
-        check_one_tree(spans)
-        chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
-        steps = [e for _, e in await history(nc, settings, demo) if isinstance(e, ev.StepDone)]
-        usages = [m.usage for st in steps for m in st.messages if isinstance(m, AIMessage)]
-        assert [(u.input_tokens, u.output_tokens) for u in usages if u is not None] == [
-            (c["attributes"]["gen_ai.usage.input_tokens"], c["attributes"]["gen_ai.usage.output_tokens"]) for c in chats
-        ]
-        assert all(c["attributes"]["gen_ai.request.model"] for c in chats)
-        assert {c["name"] for c in chats} == {"chat demo"}
-        assert [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats] == [["tool_use"], ["end_turn"]]
-        assert all(s["status"] != "error" for s in spans)
-        # The text waterfall docs/observability.md shows (LW_TRACE_OUT=FILE keeps it).
-        picture = waterfall(spans)
-        assert picture.splitlines()[0].startswith(("start ", "input ", "invoke_agent"))
-        if os.environ.get("LW_TRACE_OUT"):
-            await anyio.Path(os.environ["LW_TRACE_OUT"]).write_text(picture + "\n")
-        # Every span of every loop's turn is in its own trace: no span of this turn elsewhere.
-        others = [s for s in read_spans(out) if s["attributes"].get("loopwire.turn_id") == ts.turn_id]
-        assert all(s["trace_id"] == trace_id for s in others)
 
-        # --- the error result: error status on the caller's and the worker's execute_tool spans
-        (ts_bad,) = await turn_started(nc, settings, bad)
-        bad_trace, _ = trace_of(ts_bad.traceparent)
-        assert bad_trace != trace_id
-        bad_spans = await spans_when(
-            out, bad_trace, lambda ss: len([s for s in ss if s["name"] == "execute_tool calculator"]) == 2
-        )
-        tool_spans = [s for s in bad_spans if s["name"] == "execute_tool calculator"]
-        # A scripted model is named by its file, not by the directory a test kept it in.
-        script_name = Path(erring.split(":", 1)[1]).name
-        assert {s["name"] for s in bad_spans if s["name"].startswith("chat ")} == {f"chat scripted:{script_name}"}
-        assert {s["kind"] for s in tool_spans} == {"client", "server"}
-        assert all(s["status"] == "error" and s["attributes"]["error.type"] == "tool_error" for s in tool_spans)
+async def run_demo_erring_and_gated_loops(nc: NATS, settings: Settings, erring: str) -> tuple[str, str, str]:
+    """A demo loop, one on the ``erring`` script and a gated one (approved), each to idle: their ids."""
+    lc = LoopClient(nc, settings.names)
+    demo, bad, gated = (str(uuid.uuid4()) for _ in range(3))
+    await lc.start(demo, model="demo")
+    await lc.start(bad, model=erring)
+    await lc.start(gated, model="demo", policy={"clock": "ask"})
+    for loop_id in (demo, bad, gated):
+        await lc.input(loop_id, "what is 17*23 and what time is it in Tokyo?")
+    await wait_history(nc, settings, demo, lambda h: h.idle)
+    await wait_history(nc, settings, bad, lambda h: h.idle)
+    h = await wait_history(nc, settings, gated, lambda h: bool(h.open_gates))
+    await lc.answer(gated, h.open_gates[0].gate.id, "approve")
+    await wait_history(nc, settings, gated, lambda h: h.idle)
+    return demo, bad, gated
 
-        # --- the gated loop: the turn's drives before and after the gate share its trace
-        (ts_gate,) = await turn_started(nc, settings, gated)
-        gate_trace, gate_turn_span = trace_of(ts_gate.traceparent)
-        gate_spans = await spans_when(
-            out,
-            gate_trace,
-            lambda ss: (
-                len([s for s in ss if s["name"] == "invoke_agent"]) >= 2
-                and len([s for s in ss if s["name"].startswith("chat ")]) == 2
-            ),
-        )
-        agents = sorted((s for s in gate_spans if s["name"] == "invoke_agent"), key=lambda s: s["start"])
-        events = [e["name"] for s in agents for e in s["events"]]
-        assert "gate.opened" in events and "gate.resolved" in events
-        resumed = agents[-1]
-        assert resumed["parent_span_id"] == gate_turn_span
-        assert {"trace_id": gate_trace, "span_id": agents[0]["span_id"]} in resumed["links"]
-        # The first drive's span ended when it parked at the gate, before the operator answered.
-        assert agents[0]["end"] <= resumed["start"]
-        check_cross_process_links(gate_spans)
-        check_one_tree(gate_spans)
 
-        # LW_LOG_FORMAT=json: every service writes one JSON object per line.
-        lines = [ln for f in sys_.log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
-        assert lines
-        about_loops = 0
-        for ln in lines:
-            doc = json.loads(ln)
-            assert {"time", "level", "service", "message"} <= set(doc), doc
-            # A line about a loop carries its id as a field, to be found by it.
-            named = re.search(r"\bloop ([0-9a-f-]{36})\b", doc["message"])
-            if named:
-                about_loops += 1
-                assert doc.get("loop_id") == named[1], doc
-        assert about_loops, "no line about a loop at DEBUG"
+async def check_demo_turn_trace(nc: NATS, settings: Settings, out: Path, demo: str) -> str:
+    """One trace, expected names, links across processes, tokens = committed usage; returns the trace id."""
+    (ts,) = await turn_started(nc, settings, demo)
+    trace_id, turn_span = trace_of(ts.traceparent)
+    spans = await spans_when(out, trace_id, lambda ss: len([s for s in ss if s["name"].startswith("append ")]) >= 3)
+    assert {"invoke_agent", "execute_tool calculator", "execute_tool clock"} <= names(spans)
+    # The turn records the context its drive began in: the input command's span.
+    assert by_id(spans)[turn_span]["name"] == f"input {settings.prefix}.api"
+    (agent,) = [s for s in spans if s["name"] == "invoke_agent"]
+    assert agent["parent_span_id"] == turn_span and agent["attributes"]["gen_ai.conversation.id"] == demo
+    assert agent["attributes"]["loopwire.turn_id"] == ts.turn_id
+    check_cross_process_links(spans)
+    check_one_tree(spans)
+    chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
+    steps = [e for _, e in await history(nc, settings, demo) if isinstance(e, ev.StepDone)]
+    usages = [m.usage for st in steps for m in st.messages if isinstance(m, AIMessage)]
+    assert [(u.input_tokens, u.output_tokens) for u in usages if u is not None] == [
+        (c["attributes"]["gen_ai.usage.input_tokens"], c["attributes"]["gen_ai.usage.output_tokens"]) for c in chats
+    ]
+    assert all(c["attributes"]["gen_ai.request.model"] for c in chats)
+    assert {c["name"] for c in chats} == {"chat demo"}
+    assert [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats] == [["tool_use"], ["end_turn"]]
+    assert all(s["status"] != "error" for s in spans)
+    # The text waterfall docs/observability.md shows (LW_TRACE_OUT=FILE keeps it).
+    picture = waterfall(spans)
+    assert picture.splitlines()[0].startswith(("start ", "input ", "invoke_agent"))
+    if os.environ.get("LW_TRACE_OUT"):
+        await anyio.Path(os.environ["LW_TRACE_OUT"]).write_text(picture + "\n")
+    # Every span of every loop's turn is in its own trace: no span of this turn elsewhere.
+    others = [s for s in read_spans(out) if s["attributes"].get("loopwire.turn_id") == ts.turn_id]
+    assert all(s["trace_id"] == trace_id for s in others)
+    return trace_id
+
+
+async def check_error_result_trace(
+    nc: NATS, settings: Settings, out: Path, bad: str, erring: str, *, other_trace: str
+) -> None:
+    """Error status on the caller's and the worker's execute_tool spans, in a trace of its own."""
+    (ts_bad,) = await turn_started(nc, settings, bad)
+    bad_trace, _ = trace_of(ts_bad.traceparent)
+    assert bad_trace != other_trace
+    bad_spans = await spans_when(
+        out, bad_trace, lambda ss: len([s for s in ss if s["name"] == "execute_tool calculator"]) == 2
+    )
+    tool_spans = [s for s in bad_spans if s["name"] == "execute_tool calculator"]
+    # A scripted model is named by its file, not by the directory a test kept it in.
+    script_name = Path(erring.split(":", 1)[1]).name
+    assert {s["name"] for s in bad_spans if s["name"].startswith("chat ")} == {f"chat scripted:{script_name}"}
+    assert {s["kind"] for s in tool_spans} == {"client", "server"}
+    assert all(s["status"] == "error" and s["attributes"]["error.type"] == "tool_error" for s in tool_spans)
+
+
+async def check_gated_turn_trace(nc: NATS, settings: Settings, out: Path, gated: str) -> None:
+    """The turn's drives before and after the gate share its trace."""
+    (ts_gate,) = await turn_started(nc, settings, gated)
+    gate_trace, gate_turn_span = trace_of(ts_gate.traceparent)
+    gate_spans = await spans_when(
+        out,
+        gate_trace,
+        lambda ss: (
+            len([s for s in ss if s["name"] == "invoke_agent"]) >= 2
+            and len([s for s in ss if s["name"].startswith("chat ")]) == 2
+        ),
+    )
+    agents = sorted((s for s in gate_spans if s["name"] == "invoke_agent"), key=lambda s: s["start"])
+    events = [e["name"] for s in agents for e in s["events"]]
+    assert "gate.opened" in events and "gate.resolved" in events
+    resumed = agents[-1]
+    assert resumed["parent_span_id"] == gate_turn_span
+    assert {"trace_id": gate_trace, "span_id": agents[0]["span_id"]} in resumed["links"]
+    # The first drive's span ended when it parked at the gate, before the operator answered.
+    assert agents[0]["end"] <= resumed["start"]
+    check_cross_process_links(gate_spans)
+    check_one_tree(gate_spans)
+
+
+def check_json_logs(log_dir: Path) -> None:
+    """LW_LOG_FORMAT=json: every service writes one JSON object per line."""
+    lines = [ln for f in log_dir.glob("*.log") for ln in f.read_text().splitlines() if ln.strip()]
+    assert lines
+    about_loops = 0
+    for ln in lines:
+        doc = json.loads(ln)
+        assert {"time", "level", "service", "message"} <= set(doc), doc
+        # A line about a loop carries its id as a field, to be found by it.
+        named = re.search(r"\bloop ([0-9a-f-]{36})\b", doc["message"])
+        if named:
+            about_loops += 1
+            assert doc.get("loop_id") == named[1], doc
+    assert about_loops, "no line about a loop at DEBUG"
 
 
 async def test_a_killed_model_step_leaves_a_trace_the_resuming_replica_continues(

@@ -179,7 +179,7 @@ async def _contains(example: Example, needle: str) -> bool:
 
 
 async def test_ctrl_c_stops_an_example_quietly(nc: NATS, settings: Settings, tmp_path: Path) -> None:
-    from shared.bus import ensure_all
+    from shared.streams import ensure_all
 
     await ensure_all(nc.jetstream(), settings)
     follow = Example(tmp_path, "follow_steps", FOLLOW, settings)

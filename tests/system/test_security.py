@@ -24,14 +24,19 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.bus import connect, ensure_all, ensure_history_stream, js_publish
+from shared.connect import connect
 from shared.natsserver import NatsServer
+from shared.publish import js_publish
 from shared.settings import Settings
+from shared.streams import ensure_all, ensure_history_stream
 from shared.subjects import H_EXPECTED_LAST_SUBJECT_SEQ, H_MSG_ID
 from tests import natsfixtures
 from tests.syshelpers import history
 from tests.system import reports
-from tests.system.faultkit import Load, fleet, quick_script, script, verify_loop, write_model
+from tests.system.faultchecks import verify_loop
+from tests.system.faultload import Load
+from tests.system.faultscript import quick_script, script, write_model
+from tests.system.fleet import fleet
 from tests.system.natssec import (
     SecuredCluster,
     identity_env,
@@ -113,23 +118,54 @@ async def test_every_service_under_its_own_identity_runs_the_fault_load(sc: Secu
 async def test_permissions_refuse_what_they_should(sc: SecuredCluster) -> None:
     before = await stream_state(sc)
     loop = str(uuid.uuid4())
-    url, pw = sc.urls, sc.passwords
     api_guards = [f"$JS.API.STREAM.{op}.{HISTORY}" for op in ("PURGE", "DELETE", "UPDATE", "MSG.DELETE")]
+    await check_tool_worker_permissions(sc, loop, api_guards)
+    # The model-step reaches history only through the committer.
+    await check_refused(
+        sc,
+        "model_step",
+        [f"lw.hist.{loop}", f"lw.api.{loop}.answer", *api_guards],
+        [
+            ("lw.commit.*", "committer"),
+            ("_INBOX_committer.>", ""),
+            ("_INBOX_tool_calculator.>", ""),
+            ("lw.tool.calculator", "tool_calculator"),
+        ],
+    )
+    # Nobody purges or deletes history, the committer included; clients neither write nor commit.
+    await check_refused(
+        sc, "committer", api_guards, [("_INBOX_model_step.>", ""), ("lw.tool.calculator", "tool_calculator")]
+    )
+    await check_refused(
+        sc,
+        "operator",
+        [f"lw.hist.{loop}", f"lw.commit.{loop}", *api_guards],
+        [("lw.hist.>", ""), ("_INBOX_model_step.>", "")],
+    )
+    await check_refused(sc, "reader", [f"lw.api.{loop}.start", f"lw.hist.{loop}", f"lw.commit.{loop}"], [])
+    await check_model_step_append_gets_no_ack(sc, loop)
+    assert await stream_state(sc) == before, "a refused request changed the history stream"
 
-    async def refused(user: str, publish: list[str], subscribe: list[tuple[str, str]]) -> None:
-        seen = await violations(
-            url, user, pw[user], publish=publish, subscribe=subscribe, expect=len(publish) + len(subscribe)
-        )
-        assert len(seen) == len(publish) + len(subscribe), (user, seen)
-        assert all("permissions violation" in s for s in seen), (user, seen)
-        for subject in publish:
-            # (nats-py lower-cases the server's error text)
-            assert any(f'publish to "{subject.lower()}"' in s.lower() for s in seen), (user, subject, seen)
-        for subject, _ in subscribe:
-            assert any(f'subscription to "{subject.lower()}"' in s.lower() for s in seen), (user, subject, seen)
 
+async def check_refused(sc: SecuredCluster, user: str, publish: list[str], subscribe: list[tuple[str, str]]) -> None:
+    """``user`` gets one permissions violation per subject it publishes to or subscribes to (with queue)."""
+    pw = sc.passwords
+    seen = await violations(
+        sc.urls, user, pw[user], publish=publish, subscribe=subscribe, expect=len(publish) + len(subscribe)
+    )
+    assert len(seen) == len(publish) + len(subscribe), (user, seen)
+    assert all("permissions violation" in s for s in seen), (user, seen)
+    for subject in publish:
+        # (nats-py lower-cases the server's error text)
+        assert any(f'publish to "{subject.lower()}"' in s.lower() for s in seen), (user, subject, seen)
+    for subject, _ in subscribe:
+        assert any(f'subscription to "{subject.lower()}"' in s.lower() for s in seen), (user, subject, seen)
+
+
+async def check_tool_worker_permissions(sc: SecuredCluster, loop: str, api_guards: list[str]) -> None:
     # A tool worker: no history, no commits, no loop API, no live events, no forged replies, no admin API ...
-    await refused(
+    await check_refused(
+        sc,
         "tool_calculator",
         [
             f"lw.hist.{loop}",
@@ -157,34 +193,17 @@ async def test_permissions_refuse_what_they_should(sc: SecuredCluster) -> None:
     )
     # ... while what it needs is allowed (so the refusals above are not a blanket "no")
     ok = await violations(
-        url,
+        sc.urls,
         "tool_calculator",
-        pw["tool_calculator"],
+        sc.passwords["tool_calculator"],
         expect=0,
         subscribe=[("lw.tool.calculator", "tool_calculator"), ("lw.toolctl.*", ""), ("_INBOX_tool_calculator.>", "")],
     )
     assert ok == []
-    # The model-step reaches history only through the committer.
-    await refused(
-        "model_step",
-        [f"lw.hist.{loop}", f"lw.api.{loop}.answer", *api_guards],
-        [
-            ("lw.commit.*", "committer"),
-            ("_INBOX_committer.>", ""),
-            ("_INBOX_tool_calculator.>", ""),
-            ("lw.tool.calculator", "tool_calculator"),
-        ],
-    )
-    # Nobody purges or deletes history, the committer included; clients neither write nor commit.
-    await refused("committer", api_guards, [("_INBOX_model_step.>", ""), ("lw.tool.calculator", "tool_calculator")])
-    await refused(
-        "operator",
-        [f"lw.hist.{loop}", f"lw.commit.{loop}", *api_guards],
-        [("lw.hist.>", ""), ("_INBOX_model_step.>", "")],
-    )
-    await refused("reader", [f"lw.api.{loop}.start", f"lw.hist.{loop}", f"lw.commit.{loop}"], [])
 
-    # A JetStream-style append by the model-step's identity gets no ack and stores nothing.
+
+async def check_model_step_append_gets_no_ack(sc: SecuredCluster, loop: str) -> None:
+    """A JetStream-style append by the model-step's identity gets no ack (and so stores nothing)."""
     ms = await connect(as_user(sc, "model_step"))
     try:
         with pytest.raises(Exception, match=r"no answer|no responders"):
@@ -197,7 +216,6 @@ async def test_permissions_refuse_what_they_should(sc: SecuredCluster) -> None:
             )
     finally:
         await ms.close()
-    assert await stream_state(sc) == before, "a refused request changed the history stream"
 
 
 class _ApiErr(msgspec.Struct):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from services.deployment import Deployment, console_command, service_command, tool_command
 from shared.natsserver import NatsServer, free_port
 from shared.procs import ServiceProcess
 from tests import natsfixtures
@@ -38,11 +39,11 @@ CUT_SHORT = "closed without draining"
 
 def _kinds() -> dict[str, list[str]]:
     return {
-        "committer": ["-m", "services.committer"],
-        "model-step": ["-m", "services.model_step"],
-        "tool-worker": ["-m", "services.tools", "calculator"],
-        "mcp-bridge": ["-m", "services.cli", "serve", "mcp", "time", "--", *time_command()],
-        "console": ["-m", "services.cli", "console", "--port", str(free_port())],
+        "committer": service_command("committer"),
+        "model-step": service_command("model-step"),
+        "tool-worker": tool_command("calculator"),
+        "mcp-bridge": service_command("mcp", "time", "--", *time_command()),
+        "console": console_command(free_port()),
     }
 
 
@@ -89,7 +90,8 @@ def _stop_in_every_state(kind: str) -> dict[str, Stop]:
         servers = {broker: stack.enter_context(_server()) for broker in BROKER}
         services: dict[str, ServiceProcess] = {}
         for broker, server in servers.items():
-            svc = ServiceProcess(f"{kind}-{broker}", _kinds()[kind], _env(server.url), log_path=f"{d}/{broker}.log")
+            on_server = Deployment(_env(server.url), Path(d))
+            svc = on_server.process(f"{kind}-{broker}", _kinds()[kind], log_name=f"{broker}.log")
             stack.callback(_discard, svc)
             services[broker] = svc.start(wait=False)
         for svc in services.values():

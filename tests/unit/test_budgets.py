@@ -13,6 +13,7 @@ from services.cli.errors import CliError
 from services.console.rules import LoopSummary
 from services.model_step.budget import budget_verdict
 from shared import events as ev
+from shared import wiretypes
 from shared.budget import Figures, exhausted, extended, seconds_between, total_tokens
 from shared.content import AIMessage, Message, TextBlock, Usage, UserMessage
 from shared.history import LoopHistory, fold
@@ -156,7 +157,7 @@ def _gate(gate_id: str, k: int) -> ev.GateOpened:
     )
 
 
-def _answer(gate_id: str, k: int, action: ev.GateAction) -> ev.GateResolved:
+def _answer(gate_id: str, k: int, action: wiretypes.GateAction) -> ev.GateResolved:
     return ev.make(
         ev.GateResolved, loop_id=LOOP, turn_id=TURN, step_id=ev.step_id_for(TURN, k), gate_id=gate_id, action=action
     )

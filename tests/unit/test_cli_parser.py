@@ -11,10 +11,11 @@ from rich.console import Console
 
 from services import embedded
 from services.cli import build_parser, main, stack
-from services.cli.commands import parse_policy, parse_retries, safety_of
 from services.cli.errors import CliError
 from services.cli.live import LoopView
+from services.cli.policyopts import parse_policy, parse_retries
 from services.cli.render import describe, event_json
+from services.cli.toolcmds import safety_of
 from services.toolwire.spec import ToolSpec
 from shared.content import AIMessage, TextBlock, ToolUseBlock, tool_result, user_text
 from shared.events import (

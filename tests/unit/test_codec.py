@@ -22,7 +22,8 @@ from shared.errors import (
     UnknownEventTypeError,
     UnsupportedSchemaError,
 )
-from shared.events import Class, event_class
+from shared.eventkinds import Class
+from shared.events import event_class
 from shared.strictjson import EMBEDDED_MAX_DEPTH, MAX_DEPTH
 from tests.unit.test_validate import ENDURING, EPHEMERAL, GATE, header_for, step_json, valid_event
 

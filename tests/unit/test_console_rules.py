@@ -45,6 +45,7 @@ class Loop:
         self.seq = seq
         self.s = LoopSummary(loop_id=self.loop_id)
         self.turn = ""
+        self.inputs: list[str] = []  # command ids of inputs no turn has taken yet
         self.add(make(LoopStarted, loop_id=self.loop_id, model="demo", cause=Cause(command_id=uid())))
 
     def add(self, e: Event, gap: int = 1) -> int:
@@ -53,11 +54,24 @@ class Loop:
         return self.seq
 
     def send(self, text: str) -> None:
-        self.add(make(InputSubmitted, loop_id=self.loop_id, message=user_text(text), cause=Cause(command_id=uid())))
+        self.inputs.append(uid())
+        cause = Cause(command_id=self.inputs[-1])
+        self.add(make(InputSubmitted, loop_id=self.loop_id, message=user_text(text), cause=cause))
 
     def start_turn(self, index: int = 1) -> None:
+        # As the model-step does: the turn takes the first waiting input (its command id).
         self.turn = uid()
-        self.add(make(TurnStarted, loop_id=self.loop_id, turn_id=self.turn, turn_index=index, message=user_text("x")))
+        cause = Cause(command_id=self.inputs.pop(0)) if self.inputs else None
+        self.add(
+            make(
+                TurnStarted,
+                loop_id=self.loop_id,
+                turn_id=self.turn,
+                turn_index=index,
+                message=user_text("x"),
+                cause=cause,
+            )
+        )
 
     def step(self, usage: Usage | None = None) -> None:
         self.add(
@@ -192,7 +206,7 @@ def test_select_filters_sorts_and_pages() -> None:
     assert [s.loop_id for s in rules.select(loops, text="NUMBER 4").items] == [loops[4].loop_id]
     assert [s.loop_id for s in rules.select(loops, text=loops[2].loop_id[:8]).items] == [loops[2].loop_id]
     assert rules.select(loops, state="closed").total == 0
-    assert rules.count_states(loops) == {"running": 4, "waiting": 0, "idle": 3, "failed": 0, "closed": 0}
+    assert rules.count_states(loops) == {"running": 4, "waiting": 0, "idle": 3, "failed": 0, "closed": 0, "forming": 0}
 
 
 def test_open_gates_across_loops_newest_first() -> None:

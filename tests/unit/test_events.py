@@ -13,14 +13,12 @@ import msgspec
 import pytest
 
 from shared import events as ev
+from shared.eventkinds import Class, Profile, Scope
 from shared.events import (
     CLASSIFICATION,
     ENDURING_TYPES,
     EPHEMERAL_TYPES,
     EVENT_TYPES,
-    Class,
-    Profile,
-    Scope,
     ends_turn,
     event_class,
     event_profile,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.model_step.policy import fork_way
+from services.model_step.policy import ForkWay, fork_way
 from services.model_step.steps import may_run_calls
 from shared import events as ev
 from shared.content import AIMessage, TextBlock, ToolResultMessage, ToolUseBlock, UserMessage, text_of
@@ -194,19 +194,19 @@ def test_a_source_may_be_running_calls_while_it_has_work_to_do(records: int, run
     ("rule", "source_result", "source_busy", "rerun_safe", "waited", "way"),
     [
         # The source committed a result of an equal call: the fork's rule decides.
-        ("reuse", True, False, False, False, "reuse"),
-        ("rerun", True, True, False, False, "rerun"),
-        ("ask", True, True, True, True, "ask"),
+        ("reuse", True, False, False, False, ForkWay.REUSE),
+        ("rerun", True, True, False, False, ForkWay.RERUN),
+        ("ask", True, True, True, True, ForkWay.ASK),
         # No result, and the source rests: the source never made the call after the point.
-        ("ask", False, False, False, False, ""),
+        ("ask", False, False, False, False, ForkWay.ORDINARY),
         # No result, the source may be running it: as an unknown outcome — harmless tools run,
-        ("rerun", False, True, True, False, ""),
-        ("reuse", False, True, True, False, ""),
+        ("rerun", False, True, True, False, ForkWay.ORDINARY),
+        ("reuse", False, True, True, False, ForkWay.ORDINARY),
         # any other waits for the source, then asks (whatever the rule: there is nothing to reuse).
-        ("ask", False, True, False, False, "wait"),
-        ("reuse", False, True, False, False, "wait"),
-        ("reuse", False, True, False, True, "ask_running"),
-        ("rerun", False, True, False, True, "ask_running"),
+        ("ask", False, True, False, False, ForkWay.WAIT),
+        ("reuse", False, True, False, False, ForkWay.WAIT),
+        ("reuse", False, True, False, True, ForkWay.ASK_RUNNING),
+        ("rerun", False, True, False, True, ForkWay.ASK_RUNNING),
     ],
     ids=[
         "committed-reuse",
@@ -222,7 +222,7 @@ def test_a_source_may_be_running_calls_while_it_has_work_to_do(records: int, run
     ],
 )
 def test_what_a_fork_does_with_a_call_its_source_made_or_may_be_making(
-    rule: Reexecution, source_result: bool, source_busy: bool, rerun_safe: bool, waited: bool, way: str
+    rule: Reexecution, source_result: bool, source_busy: bool, rerun_safe: bool, waited: bool, way: ForkWay
 ) -> None:
     got = fork_way(rule, source_result=source_result, source_busy=source_busy, rerun_safe=rerun_safe, waited=waited)
-    assert got == way
+    assert got is way

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shared import events as ev
+from shared import wiretypes
 from shared.codec import decode_event, encode_event
 from shared.content import (
     UINT64_MAX,
@@ -28,7 +29,8 @@ from shared.content import (
     UserMessage,
 )
 from shared.errors import LoopwireError, MalformedRecordError
-from shared.events import Class, Profile, event_class, event_profile
+from shared.eventkinds import Class, Profile
+from shared.events import event_class, event_profile
 from shared.validate import validate_event
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,7 +116,7 @@ limits = st.builds(
     max_tokens=st.integers(0, 2**40),
 )
 turn_index = st.integers(1, 2**63)
-decision_effects = getattr(ev, "DECISION_EFFECTS", ev.POLICY_EFFECTS)
+decision_effects = wiretypes.DECISION_EFFECTS
 suspended_steps = st.builds(
     ev.SuspendedStep,
     message=ai_messages(),
@@ -139,10 +141,10 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
             "model": texts,
             "system": st.text(max_size=200),
             "tools": st.none() | st.lists(tool_names, max_size=4),
-            "policy": st.dictionaries(tool_names | st.just("*"), st.sampled_from(ev.POLICY_EFFECTS), max_size=4).filter(
-                _unique_casefold
-            ),
-            "default_policy": st.sampled_from(ev.POLICY_EFFECTS),
+            "policy": st.dictionaries(
+                tool_names | st.just("*"), st.sampled_from(wiretypes.POLICY_EFFECTS), max_size=4
+            ).filter(_unique_casefold),
+            "default_policy": st.sampled_from(wiretypes.POLICY_EFFECTS),
             "limits": limits,
         }
     ),
@@ -159,7 +161,7 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
                 max_cost_usd=st.floats(0, 1e9),
                 max_steps_per_turn=st.integers(0, 1000),
                 max_turn_seconds=st.floats(0, 1e9),
-                on_budget=st.sampled_from(ev.ON_BUDGET_OUTCOMES),
+                on_budget=st.sampled_from(wiretypes.ON_BUDGET_OUTCOMES),
             )
         }
     ),
@@ -170,7 +172,7 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
             "records": st.integers(1, 10_000),
             "changes": st.builds(ev.ForkChanges, input=st.none() | texts, model=st.none() | texts),
             "reexecution": st.dictionaries(
-                tool_names | st.just("*"), st.sampled_from(ev.REEXECUTIONS), max_size=3
+                tool_names | st.just("*"), st.sampled_from(wiretypes.REEXECUTIONS), max_size=3
             ).filter(_unique_casefold),
         }
     ),
@@ -194,7 +196,7 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ev.TurnFailed: st.fixed_dictionaries(
         {
             "turn_index": turn_index,
-            "err": st.builds(ev.TurnError, kind=st.sampled_from(ev.TURN_FAILED_KINDS), message=texts),
+            "err": st.builds(ev.TurnError, kind=st.sampled_from(wiretypes.TURN_FAILED_KINDS), message=texts),
         }
     ),
     ev.TurnInterrupted: st.fixed_dictionaries({"turn_index": turn_index, "reason": texts}),
@@ -204,8 +206,8 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ev.PermissionDecided: st.fixed_dictionaries(
         {
             "tool_name": texts,
-            "effect": st.sampled_from(ev.PERMISSION_EFFECTS),
-            "reason": st.sampled_from(ev.PERMISSION_REASONS),
+            "effect": st.sampled_from(wiretypes.PERMISSION_EFFECTS),
+            "reason": st.sampled_from(wiretypes.PERMISSION_REASONS),
         }
     ),
     ev.UserInputRequested: st.fixed_dictionaries(
@@ -216,8 +218,8 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
             "gate": st.builds(
                 ev.Gate,
                 id=uuids,
-                kind=st.sampled_from(ev.GATE_KINDS),
-                controls=st.lists(st.sampled_from(ev.GATE_ACTIONS), max_size=4),
+                kind=st.sampled_from(wiretypes.GATE_KINDS),
+                controls=st.lists(st.sampled_from(wiretypes.GATE_ACTIONS), max_size=4),
                 tool_use_id=texts,
                 tool_name=texts,
                 step=st.none() | suspended_steps,
@@ -227,7 +229,7 @@ BODIES: dict[type[ev.Event], st.SearchStrategy[dict[str, Any]]] = {
     ev.GateResolved: st.fixed_dictionaries(
         {
             "gate_id": uuids,
-            "action": st.sampled_from(ev.GATE_ACTIONS),
+            "action": st.sampled_from(wiretypes.GATE_ACTIONS),
             "text": texts,
             "reason": texts,
             "resolver": texts,

@@ -11,7 +11,12 @@ import msgspec
 import pytest
 import yaml
 
-from services.cli import contract, main
+from services.cli import main
+from services.contract.asyncapi import asyncapi_document
+from services.contract.catalog import JSON_SCHEMA_DIALECT
+from services.contract.files import asyncapi_drift, schema_drift, write_schemas
+from services.contract.schemas import render_schemas, schema_files
+from services.contract.yaml_emitter import to_yaml
 from shared import protocol, subjects
 from shared.codec import encode_live
 from shared.errors import ErrorKind
@@ -24,16 +29,16 @@ REGENERATE = "regenerate with: loopwire schema --out schemas --asyncapi docs/asy
 
 
 def test_checked_in_schemas_match_the_code() -> None:
-    assert contract.schema_drift(SCHEMAS) == [], REGENERATE
+    assert schema_drift(SCHEMAS) == [], REGENERATE
 
 
 def test_checked_in_asyncapi_matches_the_code() -> None:
-    assert contract.asyncapi_drift(ASYNCAPI) == [], REGENERATE
+    assert asyncapi_drift(ASYNCAPI) == [], REGENERATE
 
 
 def test_drift_is_detected(tmp_path: Path) -> None:
-    contract.write_schemas(tmp_path)
-    assert contract.schema_drift(tmp_path) == []
+    write_schemas(tmp_path)
+    assert schema_drift(tmp_path) == []
     path = tmp_path / "events" / "StepDone.json"
     doc = json.loads(path.read_text())
     del doc["$defs"]["StepDone"]["properties"]["messages"]  # as if the code had changed
@@ -41,7 +46,7 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     (tmp_path / "events" / "Gone.json").write_text("{}")
     (tmp_path / "conformance" / "valid").mkdir(parents=True)
     (tmp_path / "conformance" / "valid" / "Case.json").write_text("{}")  # hand-written corpus: not drift
-    problems = contract.schema_drift(tmp_path)
+    problems = schema_drift(tmp_path)
     assert not any("conformance" in p for p in problems)
     assert any("differs" in p and "StepDone.json" in p for p in problems)
     assert any("stale" in p and "Gone.json" in p for p in problems)
@@ -56,11 +61,11 @@ def test_schema_command_check_and_write(tmp_path: Path, capsys: pytest.CaptureFi
     assert "differs" in capsys.readouterr().err
     assert main(["schema"]) == 0
     every = json.loads(capsys.readouterr().out)
-    assert set(every) == set(contract.schema_files())
+    assert set(every) == set(schema_files())
 
 
 def test_every_wire_type_has_a_schema() -> None:
-    files = contract.schema_files()
+    files = schema_files()
     for name in EVENT_TYPES:
         assert f"events/{name}.json" in files
     for verb, cls in protocol.REQUEST_TYPES.items():
@@ -68,7 +73,7 @@ def test_every_wire_type_has_a_schema() -> None:
     for path in ("commit/CommitRequest.json", "commit/CommitReply.json", "api/ApiReply.json"):
         assert path in files
     for path, doc in files.items():
-        assert doc["$schema"] == contract.JSON_SCHEMA_DIALECT
+        assert doc["$schema"] == JSON_SCHEMA_DIALECT
         _assert_refs_resolve(doc, doc, path)
 
 
@@ -94,7 +99,7 @@ def _assert_refs_resolve(node: Any, doc: dict[str, Any], where: str) -> None:
 
 def test_event_schemas_describe_the_encoded_events() -> None:
     # Every property of an encoded sample is declared, and the type tag is the event's name.
-    files = contract.schema_files()
+    files = schema_files()
     for name, cls in EVENT_TYPES.items():
         doc = files[f"events/{name}.json"]
         body = doc["$defs"][name]
@@ -105,7 +110,7 @@ def test_event_schemas_describe_the_encoded_events() -> None:
 
 
 def test_commit_request_events_are_documented_as_envelopes() -> None:
-    doc = contract.schema_files()["commit/CommitRequest.json"]
+    doc = schema_files()["commit/CommitRequest.json"]
     items = doc["$defs"]["CommitRequest"]["properties"]["events"]["items"]
     refs = {r["$ref"].rsplit("/", 1)[1] for r in items["anyOf"]}
     assert "StepDone" in refs and "TokenDelta" not in refs
@@ -113,7 +118,7 @@ def test_commit_request_events_are_documented_as_envelopes() -> None:
 
 def test_asyncapi_yaml_reads_back_and_every_ref_resolves() -> None:
     doc = yaml.safe_load(ASYNCAPI.read_text())
-    assert doc == json.loads(json.dumps(contract.asyncapi_document()))
+    assert doc == json.loads(json.dumps(asyncapi_document()))
     assert doc["asyncapi"].startswith("3.")
     _assert_refs_resolve(doc, doc, "asyncapi")
     for name in EVENT_TYPES:
@@ -162,12 +167,12 @@ def test_yaml_emitter_round_trips_awkward_values() -> None:
         "nested": {"empty_d": {}, "empty_l": [], "n": None, "t": True, "i": 3, "f": 1.5},
         "list": [{"a": 1, "b": [1, {"c": []}]}, [1, 2], []],
     }
-    assert yaml.safe_load(contract.to_yaml(value, "header\nline")) == value
+    assert yaml.safe_load(to_yaml(value, "header\nline")) == value
 
 
 def test_schema_files_are_valid_json_schema_shapes() -> None:
     # Every top-level schema validates through msgspec's own encoder (a sanity check of the output).
-    for text in contract.render_schemas().values():
+    for text in render_schemas().values():
         assert isinstance(msgspec.json.decode(text), dict)
 
 
@@ -190,9 +195,9 @@ VOCABULARIES = (
 def test_asyncapi_references_the_payload_schemas_definitions() -> None:
     # One definition each: the AsyncAPI components are the schema files' own definitions, referenced by
     # the payloads, never a second copy of an enum.
-    components = contract.asyncapi_document()["components"]["schemas"]
+    components = asyncapi_document()["components"]["schemas"]
     text = json.dumps(components)
-    files = contract.schema_files()
+    files = schema_files()
     for name in VOCABULARIES:
         assert f'"#/components/schemas/{name}"' in text, name
         in_files = [doc["$defs"][name] for doc in files.values() if name in doc.get("$defs", {})]
@@ -203,6 +208,7 @@ def test_asyncapi_references_the_payload_schemas_definitions() -> None:
 def test_named_string_constants_are_the_wire_vocabularies() -> None:
     # Constants other modules spell out are members of the one vocabulary definition.
     from services.model_step import policy
+    from services.toolcaller import client
     from services.toolwire import protocol as tools
     from shared import wiretypes
 
@@ -215,11 +221,9 @@ def test_named_string_constants_are_the_wire_vocabularies() -> None:
         tools.ERROR_UNAVAILABLE,
         tools.ERROR_CRASHED,
     } == set(wiretypes.TOOL_ERROR_KINDS)
-    from services.model_step import driver
-    from services.toolcaller import client
 
     assert (
-        driver.GATE_OUTCOME_UNKNOWN in wiretypes.GATE_REASONS and driver.ON_UNKNOWN_ASK in wiretypes.ON_UNKNOWN_OUTCOMES
+        policy.GATE_OUTCOME_UNKNOWN in wiretypes.GATE_REASONS and policy.ON_UNKNOWN_ASK in wiretypes.ON_UNKNOWN_OUTCOMES
     )
     assert {client.CRASHED, client.UNAVAILABLE, client.TIMEOUT} == set(wiretypes.RETRYABLE_OUTCOMES)
     assert {policy.ALLOW, policy.DENY, policy.ASK} == set(wiretypes.POLICY_EFFECTS)

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from shared import events as ev
+from shared import wiretypes
 from shared.codec import decode_event, encode_event
 from shared.content import (
     AIMessage,
@@ -33,7 +34,8 @@ from shared.content import (
     user_text,
 )
 from shared.errors import InvalidEventError, MalformedRecordError, Rule
-from shared.events import Class, Profile, event_class, event_profile
+from shared.eventkinds import Class, Profile
+from shared.events import event_class, event_profile
 from shared.validate import PREVIEW_MAX_BYTES, PREVIEW_MAX_LINES, SUMMARY_MAX_BYTES, validate_event
 
 LOOP = "11111111-1111-4111-8111-111111111111"
@@ -249,7 +251,7 @@ def test_unknown_types() -> None:
 # --- body rules ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ev.TURN_FAILED_KINDS)
+@pytest.mark.parametrize("kind", wiretypes.TURN_FAILED_KINDS)
 def test_turn_failed_kinds(kind: str) -> None:
     validate_event(valid_event(ev.TurnFailed, err=ev.TurnError(kind=kind, message="m")))
 

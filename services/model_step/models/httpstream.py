@@ -76,7 +76,7 @@ def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    # Building a context (loading the CA bundle) costs ~25 ms; one shared context is safe.
+    # Building a context loads the CA bundle, too slow for every client; one shared context is safe.
     return httpx.create_ssl_context()
 
 

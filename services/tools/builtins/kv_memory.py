@@ -17,7 +17,7 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.tools.sdk import ToolContext, ToolError, tool
-from shared.bus import ensure_kv
+from shared.streams import ensure_kv
 from shared.subjects import Names
 
 MAX_KEY_CHARS: Final = 256

@@ -24,7 +24,8 @@ from typing import Any, Final
 import msgspec
 
 from shared import wiretypes
-from shared.events import CLASSIFICATION, Class, Profile
+from shared.eventkinds import Class, Profile
+from shared.events import CLASSIFICATION
 from shared.validate import MAX_STEP_MESSAGES
 
 Ref = Callable[[str], str]
