@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, cpu_stat, machine_facts, steal_share, write_json
 
-SCENARIOS = ("floor", "step", "throughput", "replay", "peers", "commit", "all")
+SCENARIOS = ("floor", "step", "throughput", "replay", "peers", "commit", "idle-memory", "scale", "all")
 ALL = ("floor", "floor_r3", "step", "throughput", "replay", "peers")
 
 
@@ -30,10 +30,18 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
         return scenarios.run_replay_scenario
     if name == "commit":
         return scenarios.run_commit_scenario
+    if name == "idle-memory":
+        from bench.idle_memory import run_idle_memory_scenario
+
+        return run_idle_memory_scenario
     if name == "peers":
         from bench.peers import run_peers_scenario
 
         return run_peers_scenario
+    if name == "scale":
+        from bench.scale import run_scale_scenario
+
+        return run_scale_scenario
     raise ValueError(name)
 
 

@@ -140,6 +140,8 @@ class LoopsRun:
 class Deployment:
     replicas: int = 1  # processes of each service
     cluster: bool = False  # 3-node cluster, R3 streams
+    shards: int = 1  # LW_SHARDS
+    nodes: int = 3  # cluster size
     env_extra: dict[str, str] = field(default_factory=dict)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
     server: NatsServer | None = None
@@ -157,6 +159,7 @@ class Deployment:
             prefix=PREFIX,
             replicas=3 if self.cluster else 1,
             nats_in_order=self.cluster,
+            shards=self.shards,
         )
 
     @property
@@ -168,7 +171,7 @@ class Deployment:
 
     def start_nats(self) -> None:
         if self.cluster:
-            self.nats_cluster = NatsCluster(base_dir=str(self.work / "nats")).start()
+            self.nats_cluster = NatsCluster(base_dir=str(self.work / "nats"), size=self.nodes).start()
             self.urls = self.nats_cluster.urls
         else:
             self.server = NatsServer(store_dir=str(self.work / "nats")).start()
@@ -236,7 +239,9 @@ class Deployment:
     # --- observing commits
 
     async def _on_record(self, msg: Msg) -> None:
-        self._trace_record(self._traces.get(msg.subject[len(PREFIX) + 6 :]), msg.data, time.perf_counter())
+        self._trace_record(
+            self._traces.get(self.settings.names.loop_of_hist(msg.subject)), msg.data, time.perf_counter()
+        )
 
     @staticmethod
     def _trace_record(trace: LoopTrace | None, data: bytes, t: float) -> None:
@@ -264,7 +269,8 @@ class Deployment:
         lid = loop_id or str(uuid.uuid4())
         trace = self._traces[lid] = LoopTrace(started=time.perf_counter() if watch else time.time())
         if watch:
-            await self.nc.subscribe(self.settings.names.hist(lid), cb=self._on_record)
+            names = self.settings.names
+            await self.nc.subscribe(names.hist_in(names.shard_of(lid), lid), cb=self._on_record)
         lc = LoopClient(self.nc, self.settings.names, timeout=60)
         await lc.start(lid, model=model, tools=["calculator"], limits=BIG_LIMITS)
         await lc.input(lid, USER_TEXT)
@@ -298,7 +304,8 @@ class Deployment:
             on_done()
         traces = {lid: self._traces.pop(lid) for lid in ids}
         for lid, trace in traces.items():
-            got = await direct_get_batch(self.nc, names.history_stream, names.hist(lid), start_seq=1)
+            k = names.shard_of(lid)  # a loop started here lives in its own shard
+            got = await direct_get_batch(self.nc, names.history_stream_of(k), names.hist_in(k, lid), start_seq=1)
             for m in got.messages:
                 self._trace_record(trace, m.data, stored_at(m.headers.get(H_TIMESTAMP, "")))
         seconds = max(t.idle for t in traces.values()) - t0
@@ -310,13 +317,17 @@ class Deployment:
         return LoopsRun(loops=loops, steps=steps, seconds=seconds, traces=traces)
 
     async def _last_seq(self) -> int:
-        """The history stream's last sequence: a Direct Get of its last record, no JetStream API
-        request (those make nats-server build a stream-info document and an audit advisory)."""
+        """The history streams' last sequences, added up (they delete nothing: the records stored): a
+        Direct Get of each one's last record, no JetStream API request (those make nats-server build a
+        stream-info document and an audit advisory)."""
         assert self.nc is not None
         names = self.settings.names
-        body = msgspec.json.encode({"last_by_subj": names.hist_all})
-        msg = await request(self.nc, js_api("DIRECT.GET", names.history_stream), body, timeout=10)
-        return int((msg.headers or {}).get(H_SEQUENCE, "0"))  # "404, no message": an empty stream
+        total = 0
+        for k in names.shard_ids:
+            body = msgspec.json.encode({"last_by_subj": names.hist_all_of(k)})
+            msg = await request(self.nc, js_api("DIRECT.GET", names.history_stream_of(k)), body, timeout=10)
+            total += int((msg.headers or {}).get(H_SEQUENCE, "0"))  # "404, no message": an empty stream
+        return total
 
     async def _until_idle(self, ids: list[str], at_least: int) -> None:
         """Return once every loop's last record is its LoopIdle.
@@ -327,20 +338,24 @@ class Deployment:
         """
         assert self.nc is not None
         names = self.settings.names
-        left = {names.hist(lid) for lid in ids}
+        left = {(names.shard_of(lid), names.hist_in(names.shard_of(lid), lid)) for lid in ids}
         for polls in itertools.count(1):
             if not left:
                 return
             await asyncio.sleep(POLL_SECONDS)
             if await self._last_seq() < at_least and polls % round(1 / POLL_SECONDS):
                 continue
-            got = await direct_get_batch(self.nc, names.history_stream, "", start_seq=0, multi_last=sorted(left))
-            left -= {m.subject for m in got.messages if record_type(m.data) == "LoopIdle"}
+            for k in names.shard_ids:
+                mine = sorted(subject for shard, subject in left if shard == k)
+                if not mine:
+                    continue
+                got = await direct_get_batch(self.nc, names.history_stream_of(k), "", start_seq=0, multi_last=mine)
+                left -= {(k, m.subject) for m in got.messages if record_type(m.data) == "LoopIdle"}
 
     async def describe(self, loop_id: str) -> str:
         """A short account of a loop's committed history (for error messages)."""
         from shared.events import StepDone
-        from shared.history import replay
+        from shared.replay import replay
 
         assert self.nc is not None
         kinds: list[str] = []
@@ -360,10 +375,14 @@ class Deployment:
         return self._traces[loop_id]
 
     async def stream_bytes(self) -> tuple[int, int]:
-        """(bytes, messages) of the history stream."""
+        """(bytes, messages) of the history streams."""
         assert self.nc is not None
-        info = await self.nc.jetstream(timeout=10).stream_info(self.settings.names.history_stream)
-        return int(info.state.bytes), int(info.state.messages)
+        names = self.settings.names
+        size = count = 0
+        for k in names.shard_ids:
+            info = await self.nc.jetstream(timeout=10).stream_info(names.history_stream_of(k))
+            size, count = size + int(info.state.bytes), count + int(info.state.messages)
+        return size, count
 
     async def warm_up(self, steps: int = 20) -> None:
         """Wait until every tool worker is registered, then run a few loops through every replica."""

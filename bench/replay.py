@@ -144,7 +144,7 @@ async def _build_loop(client: Any, steps: int) -> tuple[str, str, int]:
 async def measure_replay(d: Deployment, lengths: list[int], quick: bool) -> dict[str, Any]:
     """Read back loops of ``lengths`` steps; then commit latency at step 10 against the longest loop."""
     from shared.client import CommitClient
-    from shared.history import load, replay
+    from shared.replay import load, replay
 
     nc = await d.connect()
     names = d.settings.names

@@ -2,22 +2,22 @@
 
 import asyncio
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
-
-from loopwire import AIMessage, Settings, StepDone, connect, decode_event, text_of, tool_uses
+from loopwire import AIMessage, Record, Settings, StepDone, connect, follow_all, text_of, tool_uses
 
 
 async def main() -> None:
-    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, credentials (a read-only user is enough)
-    n = settings.names
+    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, LW_SHARDS, credentials (a read-only user is enough)
     nc = await connect(settings, name="follow-steps")
-    new = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)  # from now on; DeliverPolicy.ALL replays everything
-    sub = await nc.jetstream().subscribe(n.hist_all, stream=n.history_stream, ordered_consumer=True, config=new)
-    async for msg in sub.messages:  # every loop's committed records, in stream order
-        event = decode_event(msg.data)  # strict decode and validation
+
+    async def on_record(record: Record) -> None:  # every loop's committed records, in order per loop
+        event = record.event()  # strict decode and validation
         if isinstance(event, StepDone) and isinstance(ai := event.messages[0], AIMessage):
             calls = [u.name for u in tool_uses(ai)]
             print(f"{event.loop_id} {event.step_id[:8]} {text_of(ai)!r} calls={calls}", flush=True)
+
+    # One ordered consumer per shard's history stream; from_seq=None: from now on (1 replays everything).
+    async with await follow_all(nc, settings.names, on_record, from_seq=None):
+        await asyncio.Event().wait()
 
 
 try:

@@ -102,7 +102,8 @@ from shared.events import (
     TurnStarted,
     UserInputRequested,
 )
-from shared.history import GateState, LoopHistory, OpenTurn, fold, load, loops, replay
+from shared.follow import Record, follow_all
+from shared.history import GateState, LoopHistory, OpenTurn, fold
 from shared.jserrors import IncompatibleConfigError, JetStreamError, JetStreamUnavailableError, PayloadTooLargeError
 from shared.protocol import (
     ClosedError,
@@ -113,6 +114,7 @@ from shared.protocol import (
     TooLargeError,
     UnavailableError,
 )
+from shared.replay import load, loops, replay
 from shared.settings import Settings
 from shared.turns import TurnOutcome, wait_for_turn
 
@@ -174,6 +176,7 @@ __all__ = [
     "PermissionRequest",
     "PermissionRequested",
     "RawToolUse",
+    "Record",
     "RecordTooLargeError",
     "RefusalBlock",
     "RemoteError",
@@ -222,6 +225,7 @@ __all__ = [
     "decode_live_frame",
     "encode_event",
     "fold",
+    "follow_all",
     "load",
     "loops",
     "replay",

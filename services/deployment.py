@@ -53,6 +53,7 @@ def service_env(
     prefix: str,
     replicas: int = 1,
     *,
+    shards: int = 1,
     log_level: str = "INFO",
     isolated: bool = False,
     extra: Mapping[str, str] | None = None,
@@ -67,6 +68,7 @@ def service_env(
             "LW_NATS_URL": ",".join(nats_urls),
             "LW_PREFIX": prefix,
             "LW_REPLICAS": str(replicas),
+            "LW_SHARDS": str(shards),
             "LW_LOG_LEVEL": log_level,
         }
     )
@@ -94,7 +96,14 @@ class Deployment:
         env: Mapping[str, str] | None = None,
         role_env: dict[str, dict[str, str]] | None = None,
     ) -> Deployment:
-        base = service_env(settings.nats_urls, settings.prefix, settings.replicas, log_level=log_level, extra=env)
+        base = service_env(
+            settings.nats_urls,
+            settings.prefix,
+            settings.replicas,
+            shards=settings.shards,
+            log_level=log_level,
+            extra=env,
+        )
         return cls(base, log_dir, role_env or {})
 
     @property

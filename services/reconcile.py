@@ -4,8 +4,9 @@
 replica takes it.
 
 A record needs a drive unless the loop rests on it (:data:`RESTING`: idle, closed, parked at a
-gate, started without an input). A drive starts only from a work item on ``<prefix>.work.<loop>``
-(at most one per loop: a new signal replaces a pending one) and holds the loop's lease while it runs.
+gate, started without an input). A drive starts only from a work item on the loop's work subject in
+its shard's work stream (at most one per loop: a new signal replaces a pending one) and holds the
+loop's lease, in its shard's leases bucket, while it runs.
 
 **Fast path.** Whoever stores records that need a drive queues the work right after: the committer
 after a command (:meth:`CommitterReconciler.queue`), a replica after its drive ends with work left
@@ -22,8 +23,8 @@ unclaimed                 committer            a loop's last stored record needs
                                                record followed nor a lease appeared since
 orphaned                  replica start-up     leases name a replica that is gone (its items wait
                                                for the work consumer's ack wait otherwise)
-lost items                every replica        the work consumer will never deliver an item again
-                                               (its state lost in a consumer leader change)
+lost items                every replica, per   a shard's work consumer will never deliver an item
+                          shard served         again (its state lost in a consumer leader change)
 ========================  ===================  ==================================================
 
 A spare signal costs one drive that finds nothing to do; a missing one strands a loop, so every
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,7 +45,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
-from shared import telemetry
+from shared import shards, telemetry
 from shared.events import (
     Event,
     GateOpened,
@@ -54,8 +55,9 @@ from shared.events import (
     PermissionRequested,
     UserInputRequested,
 )
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
+from shared.replay import load
 from shared.settings import Settings
 from shared.streamreads import get_msg, subjects
 from shared.subjects import Names
@@ -115,7 +117,7 @@ class CommitterReconciler:
         self._first_look = FIRST_LOOK_SECONDS
         self._unqueued: dict[str, int] = {}  # loop → the seq its refused signal was for
         self._watched: dict[str, _Watched] = {}
-        self._leases: KeyValue | None = None
+        self._leases: dict[int, KeyValue] = {}  # each shard's leases bucket, once looked at
 
     async def queue(self, loop_id: str, seq: int, last: Event | None = None) -> None:
         """Queue the loop's work after a command stored (or repeated) records through ``seq``.
@@ -189,7 +191,8 @@ class CommitterReconciler:
 
     async def _look(self, loop_id: str, w: _Watched) -> None:
         names = self._names
-        tip = await get_msg(self._nc, names.history_stream, last_by_subj=names.hist(loop_id))
+        home = await shards.home_of(self._nc, names, loop_id)
+        tip = await get_msg(self._nc, home.stream, last_by_subj=home.subject)
         if tip is None or tip.seq > w.seq:
             self._forget(loop_id, w)  # a drive wrote (or the loop is gone)
             return
@@ -207,10 +210,13 @@ class CommitterReconciler:
         log.warning("loop %s: its work was not taken up (history still at %d); signalled again", loop_id, w.seq)
 
     async def _driven(self, loop_id: str) -> bool:
-        if self._leases is None:
-            self._leases = await self._nc.jetstream().key_value(self._names.leases_bucket)
+        """Whether the loop's lease is held (in its shard's leases bucket)."""
+        shard = self._names.shard_of(loop_id)
+        kv = self._leases.get(shard)
+        if kv is None:
+            kv = self._leases[shard] = await self._nc.jetstream().key_value(self._names.leases_bucket_of(shard))
         try:
-            await self._leases.get(loop_id)
+            await kv.get(loop_id)
         except nats.js.errors.KeyNotFoundError:
             return False
         return True
@@ -272,8 +278,9 @@ class ReplicaReconciler:
             await anyio.sleep(0.5)
 
     async def signal_orphaned(self, orphaned: Callable[[], Awaitable[list[str]]]) -> None:
-        """Once, at start-up: signal the loops a dead replica held, so they resume now rather than
-        after the work consumer's ack wait (an optimisation: the ack wait brings them back anyway)."""
+        """Once, at start-up: signal the loops a dead replica held (in every shard served, each in
+        its own shard's work stream), so they resume now rather than after the work consumer's ack
+        wait (an optimisation: the ack wait brings them back anyway)."""
         try:
             loops = await orphaned()
             for loop_id in loops:
@@ -284,27 +291,31 @@ class ReplicaReconciler:
         if loops:
             log.info("start-up: %d loop(s) of a replica that is gone signalled", len(loops))
 
-    async def signal_lost_items(self, busy: Container[str]) -> None:
-        """Until cancelled: signal again the loops whose items the work consumer lost (:class:`LostItems`),
-        except those this replica handles right now."""
-        lost_items = LostItems(self._nc, self._names)
+    async def signal_lost_items(self, busy: Container[str], served: Iterable[int]) -> None:
+        """Until cancelled: signal again the loops whose items the work consumer of a ``served``
+        shard lost (:class:`LostItems`), except those this replica handles right now."""
+        checks = [LostItems(self._nc, self._names, k) for k in served]
         while True:
             await anyio.sleep(LOST_ITEMS_SECONDS)
-            try:
-                for loop_id in await lost_items.check():
-                    if loop_id not in busy:
-                        await signal_work(self._nc, self._names, loop_id, within=SIGNAL_SECONDS)
-                        log.warning(
-                            "loop %s: its work item was no longer delivered; signalled again",
-                            loop_id,
-                            extra={"loop_id": loop_id},
-                        )
-            except Exception as e:  # a safety net: the next check tries again
-                log.debug("checking the work consumer for lost items failed (%s)", e)
+            for lost_items in checks:
+                await self._signal_lost(lost_items, busy)
+
+    async def _signal_lost(self, lost_items: LostItems, busy: Container[str]) -> None:
+        try:
+            for loop_id in await lost_items.check():
+                if loop_id not in busy:
+                    await signal_work(self._nc, self._names, loop_id, within=SIGNAL_SECONDS)
+                    log.warning(
+                        "loop %s: its work item was no longer delivered; signalled again",
+                        loop_id,
+                        extra={"loop_id": loop_id},
+                    )
+        except Exception as e:  # a safety net: the next check tries again
+            log.debug("checking shard %d's work consumer for lost items failed (%s)", lost_items.shard, e)
 
 
 class LostItems:
-    """Work items still in the stream that the work consumer will never deliver again.
+    """Work items still in one shard's work stream that its work consumer will never deliver again.
 
     A JetStream consumer keeps which items it delivered and which wait for an ack in its own state,
     and a consumer leader change in the middle of a delivery or a nak can lose that state (the new
@@ -315,24 +326,26 @@ class LostItems:
     row; a new signal replaces each one, past the consumer's next sequence, so it is delivered again.
     """
 
-    def __init__(self, nc: NATS, names: Names) -> None:
+    def __init__(self, nc: NATS, names: Names, shard: int) -> None:
         self.nc = nc
         self.names = names
+        self.shard = shard
+        self._stream = names.work_stream_of(shard)
         self._suspects: dict[str, int] = {}  # work subject -> the item's stream sequence
 
     async def check(self) -> list[str]:
         """Loop ids whose items the consumer lost (empty while the counts agree)."""
         js = self.nc.jetstream()
-        consumer = await js.consumer_info(self.names.work_stream, self.names.work_consumer)
-        stream = await js.stream_info(self.names.work_stream)
+        consumer = await js.consumer_info(self._stream, self.names.work_consumer)
+        stream = await js.stream_info(self._stream)
         missing = stream.state.messages - (consumer.num_pending or 0) - (consumer.num_ack_pending or 0)
         if missing <= 0:
             self._suspects = {}
             return []
         delivered = consumer.delivered.stream_seq or 0
         found: dict[str, int] = {}
-        for subject in await subjects(self.nc, self.names.work_stream, self.names.work_all):
-            m = await get_msg(self.nc, self.names.work_stream, last_by_subj=subject)
+        for subject in await subjects(self.nc, self._stream, self.names.work_all_of(self.shard)):
+            m = await get_msg(self.nc, self._stream, last_by_subj=subject)
             if m is not None and m.seq <= delivered:  # not merely waiting for its first delivery
                 found[subject] = m.seq
         lost = [subject for subject, seq in found.items() if self._suspects.get(subject) == seq]

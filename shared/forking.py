@@ -20,6 +20,7 @@ from typing import Any, Final
 import msgspec
 from nats.aio.client import Client as NATS
 
+from shared import shards
 from shared.codec import decode_event
 from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, clone, tool_uses
 from shared.errors import ForkPointError as ForkPointError
@@ -323,7 +324,8 @@ def common_prefix(a: Sequence[tuple[int, Event]], b: Sequence[tuple[int, Event]]
 
 async def first_record(nc: NATS, names: Names, loop_id: str) -> Event | None:
     """A loop's first committed record (None: no history, or it does not decode)."""
-    m = await get_msg(nc, names.history_stream, seq=1, next_by_subj=names.hist(loop_id))
+    home = await shards.home_of(nc, names, loop_id)
+    m = await get_msg(nc, home.stream, seq=1, next_by_subj=home.subject)
     if m is None:
         return None
     try:

@@ -1,7 +1,8 @@
 """Durable step plans and tool-call records: what makes a re-run step never run a finished call again.
 
-Both live in the KV bucket ``<prefix>_results`` (replicated like the streams, TTL
-``LW_RESULTS_TTL_SECONDS``, longer than any step stays uncommitted):
+Both live in the KV bucket ``<prefix>_results`` of the loop's shard (replicated like the streams,
+TTL ``LW_RESULTS_TTL_SECONDS``, longer than any step stays uncommitted), so every read and write
+names its loop:
 
 * ``step.<step_id>`` → :class:`StepPlan`, written by the model-step (and acknowledged by JetStream)
   before the first call of a step is sent. A step that runs again after its model-step died finds
@@ -90,23 +91,30 @@ _record_decoder = msgspec.json.Decoder(CallRecord)
 _encoder = msgspec.json.Encoder()
 
 
+NotAcked = Callable[[str, CallRecord], None]
+"""Takes an unawaited write that was not acknowledged: (its loop id, the record)."""
+
+
 class ResultStore:
-    """Reads and writes of ``<prefix>_results`` over raw JetStream requests."""
+    """Reads and writes of each shard's ``<prefix>_results`` over raw JetStream requests."""
 
     def __init__(self, nc: NATS, names: Names, *, retry_seconds: float = RETRY_SECONDS) -> None:
         self.nc = nc
-        self.bucket = names.results_bucket
-        self.stream = kv_stream(self.bucket)
+        self.names = names
         self.retry_seconds = retry_seconds
-        # Unawaited writes (record_call_nowait): ack token -> (give up at, record), oldest first.
-        self._unacked: OrderedDict[str, tuple[float, CallRecord]] = OrderedDict()
+        # Unawaited writes (record_call_nowait): ack token -> (give up at, loop id, record), oldest first.
+        self._unacked: OrderedDict[str, tuple[float, str, CallRecord]] = OrderedDict()
         self._acks: Subscription | None = None
         self._ack_prefix = ""
         self._ack_seq = 0
-        self._not_acked: Callable[[CallRecord], None] = lambda record: None
+        self._not_acked: NotAcked = lambda loop_id, record: None
 
-    def _subject(self, key: str) -> str:
-        return f"$KV.{self.bucket}.{key}"
+    def bucket_of(self, loop_id: str) -> str:
+        """The results bucket of the loop's shard."""
+        return self.names.results_bucket_of(self.names.shard_of(loop_id))
+
+    def _subject(self, loop_id: str, key: str) -> str:
+        return f"$KV.{self.bucket_of(loop_id)}.{key}"
 
     @staticmethod
     def plan_key(step_id: str) -> str:
@@ -120,34 +128,35 @@ class ResultStore:
         """``request()``, retried while JetStream is unavailable for up to ``retry_seconds``."""
         return await retry(request, on=JetStreamUnavailableError, first=0.05, cap=0.5, within=self.retry_seconds)
 
-    async def _get(self, key: str) -> bytes | None:
+    async def _get(self, loop_id: str, key: str) -> bytes | None:
+        stream, subject = kv_stream(self.bucket_of(loop_id)), self._subject(loop_id, key)
         m = await self._retrying(
-            lambda: get_msg(self.nc, self.stream, last_by_subj=self._subject(key), request_timeout=_REQUEST_TIMEOUT)
+            lambda: get_msg(self.nc, stream, last_by_subj=subject, request_timeout=_REQUEST_TIMEOUT)
         )
         return m.data if m is not None and m.data else None
 
-    async def _put(self, key: str, value: bytes) -> None:
-        await self._retrying(
-            lambda: js_publish(self.nc, self._subject(key), value, {}, request_timeout=_REQUEST_TIMEOUT)
-        )
+    async def _put(self, loop_id: str, key: str, value: bytes) -> None:
+        subject = self._subject(loop_id, key)
+        await self._retrying(lambda: js_publish(self.nc, subject, value, {}, request_timeout=_REQUEST_TIMEOUT))
 
-    async def plan(self, step_id: str) -> StepPlan | None:
-        data = await self._get(self.plan_key(step_id))
+    async def plan(self, step_id: str, *, loop_id: str) -> StepPlan | None:
+        data = await self._get(loop_id, self.plan_key(step_id))
         return _plan_decoder.decode(data) if data else None
 
     async def record_plan(self, plan: StepPlan) -> None:
-        await self._put(self.plan_key(plan.step_id), _encoder.encode(plan))
+        await self._put(plan.loop_id, self.plan_key(plan.step_id), _encoder.encode(plan))
 
-    async def call(self, tool: str, execution_id: str) -> CallRecord | None:
-        data = await self._get(self.call_key(tool, execution_id))
+    async def call(self, tool: str, execution_id: str, *, loop_id: str) -> CallRecord | None:
+        """The record of a call the loop ``loop_id`` made (its ``Lw-Loop-Id``)."""
+        data = await self._get(loop_id, self.call_key(tool, execution_id))
         return _record_decoder.decode(data) if data else None
 
-    async def record_call(self, record: CallRecord) -> None:
-        await self._put(self.call_key(record.tool, record.execution_id), _encoder.encode(record))
+    async def record_call(self, record: CallRecord, *, loop_id: str) -> None:
+        await self._put(loop_id, self.call_key(record.tool, record.execution_id), _encoder.encode(record))
 
     # --- unawaited writes ------------------------------------------------------------------------
 
-    async def open_acks(self, not_acked: Callable[[CallRecord], None]) -> None:
+    async def open_acks(self, not_acked: NotAcked) -> None:
         """Make :meth:`record_call_nowait` usable; ``not_acked`` gets each write that was not
         acknowledged (called on the event loop, from a callback: it must not block)."""
         self._not_acked = not_acked
@@ -168,35 +177,35 @@ class ResultStore:
         """Unawaited writes whose ack has not come yet."""
         return len(self._unacked)
 
-    async def record_call_nowait(self, record: CallRecord) -> None:
+    async def record_call_nowait(self, record: CallRecord, *, loop_id: str) -> None:
         """Publish ``record`` without waiting for its ack (see the module's docstring).
 
         Never raises: a write that cannot be published goes to ``not_acked`` at once. Does not
         suspend unless the connection's outgoing buffer is full.
         """
         if self._acks is None:
-            self._not_acked(record)
+            self._not_acked(loop_id, record)
             return
         self._ack_seq += 1
         token = str(self._ack_seq)
         data = _encoder.encode(record)
-        self._unacked[token] = (time.monotonic() + _REQUEST_TIMEOUT, record)
+        self._unacked[token] = (time.monotonic() + _REQUEST_TIMEOUT, loop_id, record)
         try:
             check_payload(self.nc, data, {})
-            subject = self._subject(self.call_key(record.tool, record.execution_id))
+            subject = self._subject(loop_id, self.call_key(record.tool, record.execution_id))
             await self.nc.publish(subject, data, reply=self._ack_prefix + token)
         except Exception:  # closed, reconnecting with a full buffer, too large: the awaited way decides
             self._unacked.pop(token, None)
-            self._not_acked(record)
+            self._not_acked(loop_id, record)
 
     def expire_unacked(self, now: float) -> None:
         """Hand every write whose ack is overdue at ``now`` (monotonic) to ``not_acked``."""
         while self._unacked:
-            token, (give_up, record) = next(iter(self._unacked.items()))
+            token, (give_up, loop_id, record) = next(iter(self._unacked.items()))
             if give_up > now:
                 return
             del self._unacked[token]
-            self._not_acked(record)
+            self._not_acked(loop_id, record)
 
     async def _on_ack(self, msg: Msg) -> None:
         entry = self._unacked.pop(msg.subject[len(self._ack_prefix) :], None)
@@ -207,4 +216,4 @@ class ResultStore:
                 raise JetStreamUnavailableError("no responders")
             parse_ack(msg.data)
         except (JetStreamError, JetStreamUnavailableError):
-            self._not_acked(entry[1])
+            self._not_acked(entry[1], entry[2])

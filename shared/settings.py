@@ -41,6 +41,10 @@ class EnvVar:
 # --- parsers ------------------------------------------------------------------------------------
 
 
+# Streams per kind a deployment may have: each is a Raft group (and a leader) on the cluster.
+MAX_SHARDS: Final = 64
+
+
 def split_list(raw: str) -> tuple[str, ...]:
     """A comma-separated list (NATS URLs, hosts, tool names): items stripped, empty ones dropped."""
     return tuple(item.strip() for item in raw.split(",") if item.strip())
@@ -87,6 +91,18 @@ def one_of(*allowed: int) -> Parser:
         value = parse_int(name, raw)
         if value not in allowed:
             raise ValueError(f"{name} must be {' or '.join(map(str, allowed))}, got {value}")
+        return value
+
+    return parse
+
+
+def int_in(lowest: int, highest: int) -> Parser:
+    """An integer from ``lowest`` to ``highest``."""
+
+    def parse(name: str, raw: str) -> int:
+        value = parse_int(name, raw)
+        if not lowest <= value <= highest:
+            raise ValueError(f"{name} must be from {lowest} to {highest}, got {value}")
         return value
 
     return parse
@@ -161,6 +177,12 @@ class Settings:
     )
     prefix: str = setting("LW_PREFIX", "lw", "subject prefix and stream/bucket name prefix")
     replicas: int = setting("LW_REPLICAS", 1, "replicas of every stream and bucket: 1 or 3", parse=one_of(1, 3))
+    shards: int = setting(
+        "LW_SHARDS",
+        1,
+        "history/work streams and lease/result buckets per deployment, chosen once (docs/scaling.md)",
+        parse=int_in(1, MAX_SHARDS),
+    )
     max_record_bytes: int = setting("LW_MAX_RECORD_BYTES", 1024 * 1024, "largest durable record in bytes")
     commit_retry_seconds: float = setting(
         "LW_COMMIT_RETRY_SECONDS", 10.0, "how long the committer retries an unavailable JetStream"
@@ -180,6 +202,19 @@ class Settings:
     )
     model_step_concurrency: int = setting(
         "LW_MODEL_STEP_CONCURRENCY", 16, "loops one model-step replica drives at once"
+    )
+    model_step_folds: int = setting(
+        "LW_MODEL_STEP_FOLDS",
+        4096,
+        "loops whose fold a model-step replica keeps between drives (least recently driven dropped first)",
+        parse=int_in(1, 10_000_000),
+    )
+    shards_served: tuple[int, ...] = setting(
+        "LW_SHARDS_SERVED",
+        (),
+        "model-step: comma-separated shard numbers whose loops it drives, each below LW_SHARDS (checked at start)",
+        parse=lambda name, raw: tuple(int_in(0, MAX_SHARDS - 1)(name, k) for k in split_list(raw)),
+        shown="all shards",
     )
     lease_ttl_seconds: float = setting(
         "LW_LEASE_TTL_SECONDS",
@@ -247,12 +282,12 @@ class Settings:
 
     @property
     def names(self) -> Names:
-        return Names(self.prefix)
+        return Names(self.prefix, self.shards)
 
     @property
     def leader_reads(self) -> bool:
         """Whether a read that must see every acknowledged record asks the stream leader first
-        (``shared.history.load``'s ``consistent``). With one replica a Direct Get is answered by
+        (``shared.replay.load``'s ``consistent``). With one replica a Direct Get is answered by
         the only server, which holds every record it acknowledged: no leader read is needed."""
         return self.replicas > 1
 

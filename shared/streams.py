@@ -17,6 +17,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
+from shared import shards
 from shared.backoff import Backoff
 from shared.jserrors import (
     ERR_INSUFFICIENT_RESOURCES,
@@ -27,6 +28,7 @@ from shared.jserrors import (
     JetStreamUnavailableError,
 )
 from shared.settings import Settings
+from shared.shards import META_GREW, META_SHARDS
 from shared.subjects import kv_stream
 
 log = logging.getLogger("loopwire.bus")
@@ -35,12 +37,12 @@ log = logging.getLogger("loopwire.bus")
 TOOLS_TTL_SECONDS: Final = 10.0
 
 
-def history_stream_config(settings: Settings) -> api.StreamConfig:
+def history_stream_config(settings: Settings, shard: int = 0) -> api.StreamConfig:
     n = settings.names
     return api.StreamConfig(
-        name=n.history_stream,
+        name=n.history_stream_of(shard),
         description="loopwire loop histories (written only by the committer)",
-        subjects=[n.hist_all],
+        subjects=[n.hist_all_of(shard)],
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
         num_replicas=settings.replicas,
@@ -52,12 +54,12 @@ def history_stream_config(settings: Settings) -> api.StreamConfig:
     )
 
 
-def work_stream_config(settings: Settings) -> api.StreamConfig:
+def work_stream_config(settings: Settings, shard: int = 0) -> api.StreamConfig:
     n = settings.names
     return api.StreamConfig(
-        name=n.work_stream,
+        name=n.work_stream_of(shard),
         description="loopwire work signals: at most one pending per loop",
-        subjects=[n.work_all],
+        subjects=[n.work_all_of(shard)],
         retention=api.RetentionPolicy.WORK_QUEUE,
         storage=api.StorageType.FILE,
         num_replicas=settings.replicas,
@@ -155,12 +157,38 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig, keys: Se
     return info
 
 
-async def ensure_history_stream(js: JetStreamContext, settings: Settings) -> api.StreamInfo:
-    return await ensure_stream(js, history_stream_config(settings), _HISTORY_KEYS)
+async def ensure_history_stream(js: JetStreamContext, settings: Settings, shard: int = 0) -> api.StreamInfo:
+    config = history_stream_config(settings, shard)
+    if shard == 0:
+        config.metadata = {META_SHARDS: str(settings.shards)}
+    info = await ensure_stream(js, config, _HISTORY_KEYS)
+    if shard == 0:
+        info = await _check_layout(js, settings, info)
+    return info
 
 
-async def ensure_work_stream(js: JetStreamContext, settings: Settings) -> api.StreamInfo:
-    return await ensure_stream(js, work_stream_config(settings), _WORK_KEYS)
+async def _check_layout(js: JetStreamContext, settings: Settings, info: api.StreamInfo) -> api.StreamInfo:
+    """Check the shard count shard 0's stream recorded against ``LW_SHARDS``: the count is chosen once,
+    except that a one-shard deployment may grow (its loops stay in shard 0, see shared.shards)."""
+    meta = dict(info.config.metadata or {})
+    recorded = int(meta.get(META_SHARDS, "1"))
+    want = settings.shards
+    if recorded != want:
+        if recorded != 1:
+            # The shard count is chosen once: loops would be looked for in the wrong streams.
+            raise IncompatibleConfigError(info.config.name or "", {"shards (LW_SHARDS)": (want, recorded)})
+        meta[META_SHARDS] = str(want)
+        if info.state.messages:
+            meta[META_GREW] = "1"
+        info.config.metadata = meta
+        info = await js.update_stream(info.config)
+        log.warning("the deployment grew from one shard to %d (its loops so far stay in shard 0)", want)
+    shards.grew(settings.names, meta.get(META_GREW) == "1")
+    return info
+
+
+async def ensure_work_stream(js: JetStreamContext, settings: Settings, shard: int = 0) -> api.StreamInfo:
+    return await ensure_stream(js, work_stream_config(settings, shard), _WORK_KEYS)
 
 
 async def ensure_kv(
@@ -220,6 +248,17 @@ def describe_api_error(e: BaseException) -> str:
     return repr(e)
 
 
+async def ensure_shard(js: JetStreamContext, settings: Settings, shard: int) -> None:
+    """One shard's history and work streams and its leases and results buckets."""
+    n = settings.names
+    if shard:
+        await ensure_history_stream(js, settings, shard)
+    await ensure_work_stream(js, settings, shard)
+    r = settings.replicas
+    await ensure_kv(js, n.leases_bucket_of(shard), replicas=r, ttl=settings.lease_ttl_seconds, set_ttl=True)
+    await ensure_kv(js, n.results_bucket_of(shard), replicas=r, ttl=settings.results_ttl_seconds)
+
+
 async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: float = 30.0) -> None:
     """Create or verify every stream and bucket.
 
@@ -231,13 +270,10 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
     backoff = Backoff(0.1, 1.0, within=wait_seconds)
     while True:
         try:
-            await ensure_history_stream(js, settings)
-            await ensure_work_stream(js, settings)
+            await ensure_history_stream(js, settings)  # first: it checks the shard count
             await ensure_kv(js, n.tools_bucket, replicas=settings.replicas, ttl=TOOLS_TTL_SECONDS)
-            await ensure_kv(
-                js, n.leases_bucket, replicas=settings.replicas, ttl=settings.lease_ttl_seconds, set_ttl=True
-            )
-            await ensure_kv(js, n.results_bucket, replicas=settings.replicas, ttl=settings.results_ttl_seconds)
+            for k in n.shard_ids:
+                await ensure_shard(js, settings, k)
             return
         except Exception as e:
             if not is_transient_setup_error(e):

@@ -6,6 +6,7 @@ from ``LW_PREFIX``, default ``lw``, so several deployments can share one NATS se
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
@@ -68,46 +69,99 @@ def kv_stream(bucket: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Names:
-    """Subjects, streams and buckets for one deployment prefix."""
+    """Subjects, streams and buckets for one deployment prefix and shard count.
+
+    With ``shards`` > 1 each loop belongs to shard :meth:`shard_of` and the history and work
+    streams and the leases and results buckets exist once per shard. Shard 0 keeps the one-shard
+    names (``LW_HISTORY``, ``lw.hist.<loop>``, ...), so a deployment that grows from one shard keeps
+    its streams; shard k >= 1 adds ``_<k>`` to them (``LW_HISTORY_2``, ``lw.hist_2.<loop>``).
+    The one-shard accessors (``history_stream``, ``hist()``, ...) are for one-shard deployments only.
+    """
 
     prefix: str = "lw"
+    shards: int = 1
+
+    # --- shards
+    def shard_of(self, loop_id: str) -> int:
+        """The loop's shard: a stable hash of its id (CRC-32), the same in every process and release."""
+        if self.shards == 1:
+            return 0
+        return zlib.crc32(loop_id.encode()) % self.shards
+
+    @property
+    def shard_ids(self) -> range:
+        return range(self.shards)
+
+    def _one(self) -> None:
+        assert self.shards == 1, "a sharded deployment names each shard's stream: use the *_of(shard) forms"
+
+    @staticmethod
+    def _k(shard: int) -> str:
+        return f"_{shard}" if shard else ""
 
     # --- streams and buckets
+    def history_stream_of(self, shard: int) -> str:
+        return f"{self.prefix.upper()}_HISTORY{self._k(shard)}"
+
+    def work_stream_of(self, shard: int) -> str:
+        return f"{self.prefix.upper()}_WORK{self._k(shard)}"
+
+    def leases_bucket_of(self, shard: int) -> str:
+        return f"{self.prefix}_leases{self._k(shard)}"
+
+    def results_bucket_of(self, shard: int) -> str:
+        """Step plans (``step.<step_id>``) and tool-call records (``tool.<tool>.<execution_id>``)."""
+        return f"{self.prefix}_results{self._k(shard)}"
+
     @property
     def history_stream(self) -> str:
-        return f"{self.prefix.upper()}_HISTORY"
+        self._one()
+        return self.history_stream_of(0)
 
     @property
     def work_stream(self) -> str:
-        return f"{self.prefix.upper()}_WORK"
+        self._one()
+        return self.work_stream_of(0)
+
+    @property
+    def leases_bucket(self) -> str:
+        self._one()
+        return self.leases_bucket_of(0)
+
+    @property
+    def results_bucket(self) -> str:
+        self._one()
+        return self.results_bucket_of(0)
 
     @property
     def tools_bucket(self) -> str:
         return f"{self.prefix}_tools"
 
     @property
-    def leases_bucket(self) -> str:
-        return f"{self.prefix}_leases"
-
-    @property
     def memory_bucket(self) -> str:
         return f"{self.prefix}_memory"
 
-    @property
-    def results_bucket(self) -> str:
-        """Step plans (``step.<step_id>``) and tool-call records (``tool.<tool>.<execution_id>``)."""
-        return f"{self.prefix}_results"
-
     # --- history
+    def hist_in(self, shard: int, loop_id: str) -> str:
+        """The loop's history subject in ``shard``'s stream (see :func:`shared.shards.home_of`)."""
+        return f"{self.prefix}.hist{self._k(shard)}.{loop_id}"
+
+    def hist_all_of(self, shard: int) -> str:
+        return f"{self.prefix}.hist{self._k(shard)}.>"
+
     def hist(self, loop_id: str) -> str:
-        return f"{self.prefix}.hist.{loop_id}"
+        self._one()
+        return self.hist_in(0, loop_id)
 
     @property
     def hist_all(self) -> str:
-        return f"{self.prefix}.hist.>"
+        self._one()
+        return self.hist_all_of(0)
 
-    def loop_of_hist(self, subject: str) -> str:
-        return subject[len(self.prefix) + len(".hist.") :]
+    @staticmethod
+    def loop_of_hist(subject: str) -> str:
+        """The loop of a history subject of any shard."""
+        return subject.rsplit(".", 1)[-1]
 
     def ctl(self, loop_id: str) -> str:
         """The loop API's records, republished by the committer after it stored them (core NATS).
@@ -149,14 +203,21 @@ class Names:
 
     # --- work signal
     def work(self, loop_id: str) -> str:
-        return f"{self.prefix}.work.{loop_id}"
+        """The loop's work subject, in its shard's work stream."""
+        return f"{self.prefix}.work{self._k(self.shard_of(loop_id))}.{loop_id}"
+
+    def work_all_of(self, shard: int) -> str:
+        return f"{self.prefix}.work{self._k(shard)}.>"
 
     @property
     def work_all(self) -> str:
-        return f"{self.prefix}.work.>"
+        self._one()
+        return self.work_all_of(0)
 
-    def loop_of_work(self, subject: str) -> str:
-        return subject[len(self.prefix) + len(".work.") :]
+    @staticmethod
+    def loop_of_work(subject: str) -> str:
+        """The loop of a work subject of any shard."""
+        return subject.rsplit(".", 1)[-1]
 
     @property
     def work_consumer(self) -> str:

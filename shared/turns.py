@@ -24,7 +24,8 @@ from shared.events import (
     TurnStarted,
     ends_turn,
 )
-from shared.history import TURN_ENDINGS, TurnEnding, replay
+from shared.history import TURN_ENDINGS, TurnEnding
+from shared.replay import replay
 from shared.subjects import Names
 
 # How a turn ended: its terminal record (``shared.history.TURN_ENDINGS``), or the loop was closed.

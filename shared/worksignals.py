@@ -25,7 +25,7 @@ async def signal_work(
     request_timeout: float = 2.0,
     headers: Mapping[str, str] | None = None,
 ) -> None:
-    """Queue a work signal for ``loop_id`` on the work stream (a new signal replaces a pending one).
+    """Queue a work signal for ``loop_id`` on its shard's work stream (a new signal replaces a pending one).
 
     Retried while JetStream is unavailable (a leader election, a reconnect) for up to ``within``
     seconds; then the last :class:`JetStreamUnavailableError` / :class:`JetStreamError` is raised.
@@ -51,13 +51,15 @@ class _PurgeWire(msgspec.Struct):
 
 
 async def purge_work(nc: NATS, names: Names, loop_id: str, *, through_seq: int, request_timeout: float = 2.0) -> int:
-    """Delete the work signals of ``loop_id`` up to stream sequence ``through_seq``; how many went.
+    """Delete the work signals of ``loop_id`` (in its shard's work stream) up to stream sequence
+    ``through_seq``; how many went.
 
     Bounded by sequence, never "all of the subject": a signal published later is kept even when
     the purge is applied late (a leader election), so a purge cannot swallow a wake-up it never saw.
     """
     req = {"filter": names.work(loop_id), "seq": through_seq + 1}  # JetStream: "up to, not including"
-    msg = await js_request(nc, js_api("STREAM.PURGE", names.work_stream), _json.encode(req), None, request_timeout)
+    stream = names.work_stream_of(names.shard_of(loop_id))
+    msg = await js_request(nc, js_api("STREAM.PURGE", stream), _json.encode(req), None, request_timeout)
     resp = msgspec.json.decode(msg.data, type=_PurgeWire)
     if resp.error is not None:
         raise JetStreamError(resp.error.code, resp.error.err_code, resp.error.description)

@@ -27,8 +27,9 @@ from services.deployment import Deployment, service_command, tool_command
 from shared import events as ev
 from shared.codec import decode_live_frame
 from shared.events import Event
-from shared.history import LoopHistory, load, replay
+from shared.history import LoopHistory
 from shared.procs import ServiceProcess, Supervisor
+from shared.replay import load, replay
 from shared.settings import Settings
 from shared.validate import validate_event
 

@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_fork,
         _add_lineage_and_diff,
         _add_tools,
+        _add_streams,
         _add_schema,
     ):
         add(sub)
@@ -456,6 +457,22 @@ def _add_tools(sub: Commands) -> None:
     p = _command(sub, "tools", "list live tools: replicas, kind, version, arguments")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(toolcmds.cmd_tools))
+
+
+def _add_streams(sub: Commands) -> None:
+    from services.cli import streamscmd
+
+    p = _command(
+        sub,
+        "streams",
+        "every shard's streams and buckets: leader, followers, messages",
+        "For every shard (LW_SHARDS): its history and work streams and its leases and results buckets, each "
+        "with the node that leads it, its followers and its message count. --balance first moves leaders so "
+        "each node leads about as many shards as the others and a shard's four leaders sit on one node.",
+    )
+    p.add_argument("--balance", action="store_true", help="move leaders to spread the shards over the nodes")
+    _json_option(p)
+    p.set_defaults(handler=ClientCommand(streamscmd.cmd_streams))
 
 
 def _add_schema(sub: Commands) -> None:

@@ -12,8 +12,9 @@ from services.cli.render import json_line
 from services.cli.session import session
 from shared.client import LoopClient
 from shared.events import now_rfc3339
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.pricing import usd
+from shared.replay import load
 from shared.settings import Settings
 
 __all__ = ["cmd_budget"]

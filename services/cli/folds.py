@@ -8,8 +8,9 @@ from nats.aio.client import Client as NATS
 
 from services.cli.budgets import budget_gate_text
 from shared.events import PermissionRequested, UserInputRequested
-from shared.history import LoopHistory, replay
+from shared.history import LoopHistory
 from shared.loopstate import describe
+from shared.replay import replay
 from shared.subjects import Names
 
 

@@ -16,7 +16,7 @@ from services.cli.render import clip, describe, json_line
 from services.cli.session import session
 from shared.events import Event, LoopForked, ParentRef
 from shared.forking import common_prefix, content_of, conversation, origins
-from shared.history import loops, replay
+from shared.replay import loops, replay
 from shared.settings import Settings
 from shared.wiretypes import REEXECUTIONS, Reexecution
 

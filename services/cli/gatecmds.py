@@ -15,7 +15,7 @@ from services.cli.render import json_line, short
 from services.cli.session import session
 from shared.client import LoopClient
 from shared.forking import descendants, origins
-from shared.history import loops
+from shared.replay import loops
 from shared.settings import Settings
 from shared.subjects import Names
 from shared.wiretypes import AnswerAction

@@ -9,7 +9,6 @@ import sys
 
 import anyio
 from nats.aio.msg import Msg
-from nats.js import api
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -20,10 +19,11 @@ from services.cli.ids import loop_ref, resolve_loop
 from services.cli.output import make_console, out
 from services.cli.render import clock_of, describe, event_json, short
 from services.cli.session import session
-from shared.codec import decode_event, decode_live_frame
+from shared.codec import decode_live_frame
 from shared.errors import LoopwireError
 from shared.events import Event, TokenDelta
-from shared.history import replay
+from shared.follow import Record, follow_all
+from shared.replay import replay
 from shared.settings import Settings
 from shared.turns import follow
 
@@ -81,26 +81,18 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
                 async for seq, e in it:
                     await send.send((seq, e))
 
-        async def follow_all() -> None:
-            js = nc.jetstream()
-            if args.from_seq is not None:
-                config = api.ConsumerConfig(
-                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=args.from_seq
-                )
-            else:
-                config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
-            sub = await js.subscribe(names.hist_all, stream=names.history_stream, ordered_consumer=True, config=config)
-            try:
-                async for m in sub.messages:
-                    with contextlib.suppress(LoopwireError):
-                        await send.send((m.metadata.sequence.stream, decode_event(m.data)))
-            finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        async def on_record(r: Record) -> None:
+            with contextlib.suppress(LoopwireError):
+                await send.send((r.seq, r.event()))
+
+        async def tail_every_loop() -> None:
+            # --from SEQ: from that sequence of each history stream (one per shard).
+            async with await follow_all(nc, names, on_record, from_seq=args.from_seq):
+                await anyio.sleep_forever()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_interrupt, tg.cancel_scope)
-            tg.start_soon(follow_one if loop_id else follow_all)
+            tg.start_soon(follow_one if loop_id else tail_every_loop)
             await nc.flush(timeout=5)  # the live subscription is in place before we say so
             what = f"loop {loop_id}" if loop_id else "every loop"
             print(f"following {what} (Ctrl-C to stop)", file=sys.stderr, flush=True)

@@ -9,7 +9,7 @@ from nats.aio.client import Client as NATS
 
 from services.cli.errors import CliError
 from services.cli.render import short
-from shared.history import loops
+from shared.replay import loops
 from shared.settings import Settings
 from shared.validate import is_uuid
 

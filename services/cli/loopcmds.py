@@ -26,8 +26,8 @@ from services.cli.session import session
 from services.toolwire.spec import valid_tool_name
 from shared.client import LoopClient
 from shared.events import Event, Limits, PermissionRequested, TurnDone, TurnFailed, UserInputRequested
-from shared.history import loops
 from shared.modelspec import model_id, spec_problem
+from shared.replay import loops
 from shared.settings import Settings, split_list
 from shared.turns import wait_for_turn
 
@@ -164,8 +164,8 @@ async def cmd_loops(args: argparse.Namespace, settings: Settings) -> int:
         for loop_id in await loops(nc, settings.names):
             h, _ = await fold_loop(nc, settings.names, loop_id)
             rows.append(h)
-    # Most recently active first: a loop's last record has the stream's highest sequence of its records.
-    rows.sort(key=lambda h: h.last_seq, reverse=True)
+    # Most recently active first, by the last record's time (each shard's stream numbers its own records).
+    rows.sort(key=lambda h: (h.last_at, h.last_seq), reverse=True)
     if args.json:
         for h in rows:
             out(

@@ -85,7 +85,7 @@ async def _require_deployment(nc: NATS, settings: Settings) -> None:
     """A clear error when the server holds no loopwire deployment (no history stream, or no JetStream
     at all), instead of "no loops yet" or a failed read. Anything else (say, no permission to ask)
     leaves the command to go on and report what it meets."""
-    stream = settings.names.history_stream
+    stream = settings.names.history_stream_of(0)  # every deployment has shard 0's
     where = ",".join(settings.nats_urls)
     try:
         await nc.jetstream(timeout=5).stream_info(stream)

@@ -208,7 +208,7 @@ async def _demo_loop(stack: EmbeddedStack, args: argparse.Namespace, console: ob
     from shared.codec import decode_live_frame
     from shared.errors import LoopwireError
     from shared.events import Event
-    from shared.history import replay
+    from shared.replay import replay
     from shared.turns import TurnTracker
 
     assert isinstance(console, Console)

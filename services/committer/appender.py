@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 from nats.aio.client import Client as NATS
 
-from shared import metrics
+from shared import metrics, shards
 from shared.backoff import Backoff
 from shared.errors import ErrorKind
 from shared.jserrors import (
@@ -58,7 +58,7 @@ class EventIdTaken(WireError):
 
 
 class Appender:
-    """Appends records to ``<prefix>.hist.<loop_id>``; stateless (OCC is the fence)."""
+    """Appends records to the loop's history subject in its shard's stream; stateless (OCC is the fence)."""
 
     def __init__(self, nc: NATS, names: Names, *, retry_seconds: float) -> None:
         self._nc = nc
@@ -67,7 +67,8 @@ class Appender:
 
     @property
     def stream(self) -> str:
-        return self._names.history_stream
+        """The history streams' name in spans: shard 0's, which names the family."""
+        return self._names.history_stream_of(0)
 
     async def append(
         self, loop_id: str, expected_last_seq: int, payloads: Sequence[bytes], msg_ids: Sequence[str]
@@ -77,8 +78,11 @@ class Appender:
         Raises :class:`WireError` of kind ``conflict`` (with ``last_seq``), ``unavailable`` or
         ``too_large``. Never leaves part of a multi-record append in the stream.
         """
-        subject = self._names.hist(loop_id)
-        stream = self._names.history_stream
+        try:
+            home = await shards.home_of(self._nc, self._names, loop_id)
+        except (JetStreamError, JetStreamUnavailableError) as e:
+            raise WireError(ErrorKind.UNAVAILABLE, f"cannot find the loop's history stream: {e}") from None
+        subject, stream = home.subject, home.stream
         headers: list[dict[str, str]] = []
         for k, mid in enumerate(msg_ids):
             h = {H_MSG_ID: mid}

@@ -18,9 +18,10 @@ from shared.codec import encode_event
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError
 from shared.events import Event, ForkChanges, now_rfc3339
 from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
-from shared.history import fold, replay
+from shared.history import fold
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.protocol import ApiReply, ForkRequest, WireError
+from shared.replay import replay
 
 from .loops import Loops
 

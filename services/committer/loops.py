@@ -16,9 +16,10 @@ from services.reconcile import CommitterReconciler
 from shared.backoff import Backoff
 from shared.errors import ErrorKind, LoopwireError
 from shared.events import Event
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.protocol import WireError
+from shared.replay import load
 from shared.settings import Settings
 
 from .appender import Appender

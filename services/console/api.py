@@ -26,6 +26,7 @@ from services.console.index import LoopIndex
 from services.console.pages import error_page, page_response
 from services.console.params import int_param, integer, loop_id_of
 from services.console.sse import HEARTBEAT, frame, loop_feed, record_json, retry_frame
+from shared import shards
 from shared.client import LoopClient
 from shared.errors import ErrorKind
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
@@ -71,8 +72,9 @@ class ConsoleApi:
 
     def loops_index(self) -> LoopIndex:
         if self.index is None or not self.index.following:
-            stream = self.settings.names.history_stream
-            raise ApiError(ErrorKind.UNAVAILABLE, f"waiting for the history stream {stream} (is a committer running?)")
+            streams = [h.stream for h in shards.history_streams(self.settings.names)]
+            what = f"stream {streams[0]}" if len(streams) == 1 else f"streams {', '.join(streams)}"
+            raise ApiError(ErrorKind.UNAVAILABLE, f"waiting for the history {what} (is a committer running?)")
         return self.index
 
     async def summary_of(self, loop_id: str) -> rules.LoopSummary:
@@ -159,12 +161,12 @@ class ConsoleApi:
         limit = int_param(request, "limit", EVENTS_PAGE, low=1, high=MAX_EVENTS_PAGE)
         seqs = s.seqs_before(before, limit)
         records: list[dict[str, Any]] = []
-        names = self.settings.names
+        home = await shards.home_of(self._nc(), self.settings.names, loop_id)
         start = seqs[0] if seqs else 0
         while seqs and start <= seqs[-1]:
             # A batch stops early at its byte limit (large records): ask again from where it stopped.
             batch = await direct_get_batch(
-                self._nc(), names.history_stream, names.hist(loop_id), start_seq=start, batch=len(seqs) - len(records)
+                self._nc(), home.stream, home.subject, start_seq=start, batch=len(seqs) - len(records)
             )
             got = [m for m in batch.messages if m.seq <= seqs[-1]]
             if not got:
@@ -179,9 +181,9 @@ class ConsoleApi:
         seq = int(request.path_params["seq"])
         if not 1 <= seq < 2**63:
             raise ApiError(ErrorKind.NOT_FOUND, f"loop {loop_id} has no record at sequence {seq}")
-        names = self.settings.names
-        m = await get_msg(self._nc(), names.history_stream, seq=seq)
-        if m is None or m.subject != names.hist(loop_id):
+        home = await shards.home_of(self._nc(), self.settings.names, loop_id)
+        m = await get_msg(self._nc(), home.stream, seq=seq)
+        if m is None or m.subject != home.subject:
             raise ApiError(ErrorKind.NOT_FOUND, f"loop {loop_id} has no record at sequence {seq}")
         return _ok(seq=seq, event=msgspec.json.decode(m.data))
 

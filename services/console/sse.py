@@ -21,6 +21,8 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from services.console.rules import cut_strings
+from shared import shards
+from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.subjects import Names
 
 RETRY_MS: Final = 500  # the page reconnects this soon after a drop
@@ -78,13 +80,12 @@ async def loop_feed(nc: NATS, names: Names, loop_id: str, after: int) -> AsyncIt
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, inactive_threshold=30.0
         )
+        home = await shards.home_of(nc, names, loop_id)
         js = nc.jetstream()
         subs.append(
-            await js.subscribe(
-                names.hist(loop_id), stream=names.history_stream, ordered_consumer=True, cb=on_record, config=config
-            )
+            await js.subscribe(home.subject, stream=home.stream, ordered_consumer=True, cb=on_record, config=config)
         )
-    except (nats.errors.Error, TimeoutError) as e:
+    except (nats.errors.Error, TimeoutError, JetStreamError, JetStreamUnavailableError) as e:
         # The response has started: say why in the stream and end it (the page reconnects).
         yield frame("error", {"kind": "unavailable", "message": f"cannot follow the loop: {e}"})
         await _unsubscribe(subs)

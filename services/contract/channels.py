@@ -26,6 +26,14 @@ _LOOP: Final = _param("loop id (canonical lowercase UUID)")
 _PREFIX: Final = _param("deployment prefix (LW_PREFIX)", "lw")
 
 
+def _per_shard(names: str) -> str:
+    """The sentence on a sharded deployment's copies of a stream or bucket (``names``: shard k's)."""
+    return (
+        f" A sharded deployment (LW_SHARDS > 1) has one per shard: shard 0 keeps these names, shard k >= 1 "
+        f"adds the _<k> suffix ({names}); a loop's is in shard crc32(loop_id) mod LW_SHARDS."
+    )
+
+
 def _loop_channels() -> dict[str, Any]:
     """History, live events, commits, replies and work signals."""
     return {
@@ -34,7 +42,9 @@ def _loop_channels() -> dict[str, Any]:
             "title": "loop history",
             "description": f"JetStream stream {_D.history_stream} (<PREFIX>_HISTORY): every enduring event of a "
             "loop, in order. Only the committer publishes here (enforced by NATS permissions). Read it with Direct "
-            "Get or an ordered consumer (shared.history.replay).",
+            "Get or an ordered consumer (shared.replay.replay)."
+            + _per_shard("<PREFIX>_HISTORY_<k>, subjects <prefix>.hist_<k>.<loop_id>")
+            + " A deployment grown from one shard keeps its older loops in shard 0's.",
             "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
             "messages": {e: _msg_ref(e) for e in ENDURING_NAMES},
         },
@@ -66,7 +76,8 @@ def _loop_channels() -> dict[str, Any]:
             "address": _N.work("{loop_id}"),
             "title": "work signals",
             "description": f"JetStream work queue {_D.work_stream} (<PREFIX>_WORK; one pending message per loop), "
-            f"pulled by model-step replicas through the durable consumer {_D.work_consumer} (<prefix>_model_step).",
+            f"pulled by model-step replicas through the durable consumer {_D.work_consumer} (<prefix>_model_step)."
+            + _per_shard("<PREFIX>_WORK_<k>, subjects <prefix>.work_<k>.<loop_id>, the same consumer name in each"),
             "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
             "messages": {"WorkSignal": _msg_ref("WorkSignal")},
         },
@@ -118,7 +129,7 @@ def _record_channels() -> dict[str, Any]:
             "title": "loop leases",
             "description": f"JetStream KV bucket {_D.leases_bucket} (<prefix>_leases): which model-step replica "
             "drives a loop. It guards side effects (a drive acts only while it holds it); the commit's "
-            "expected sequence is the fence.",
+            "expected sequence is the fence." + _per_shard("<prefix>_leases_<k>"),
             "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
             "messages": {"LoopLease": _msg_ref("LoopLease")},
         },
@@ -126,7 +137,8 @@ def _record_channels() -> dict[str, Any]:
             "address": f"$KV.{_N.results_bucket}.tool.{{tool_name}}.{{execution_id}}",
             "title": "tool-call records",
             "description": f"JetStream KV bucket {_D.results_bucket} (<prefix>_results): a call whose record is "
-            "done is answered from it and never runs again; one recorded with another argument digest is refused.",
+            "done is answered from it and never runs again; one recorded with another argument digest is refused."
+            + _per_shard("<prefix>_results_<k>"),
             "parameters": {
                 "prefix": _PREFIX,
                 "tool_name": _param("tool name"),
@@ -138,7 +150,7 @@ def _record_channels() -> dict[str, Any]:
             "address": f"$KV.{_N.results_bucket}.step.{{step_id}}",
             "title": "step plans",
             "description": f"JetStream KV bucket {_D.results_bucket} (<prefix>_results): written by model-step "
-            "before a step's first tool call is sent.",
+            "before a step's first tool call is sent." + _per_shard("<prefix>_results_<k>"),
             "parameters": {"prefix": _PREFIX, "step_id": _param("step id")},
             "messages": {"StepPlanRecord": _msg_ref("StepPlanRecord")},
         },

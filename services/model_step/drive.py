@@ -17,6 +17,7 @@ from typing import Protocol
 from nats.aio.client import Client as NATS
 
 from services.model_step import context, forkcalls, tracing
+from services.model_step.foldcache import FoldCache
 from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
 from services.model_step.models.base import ModelFactory
@@ -28,8 +29,9 @@ from shared.backoff import Backoff
 from shared.client import CommitClient, CommitResult
 from shared.errors import CommitRefused, LoopwireError, StepAbandoned
 from shared.events import Event
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.protocol import ConflictError, RemoteError, UnavailableError
+from shared.replay import load
 from shared.results import ResultStore
 from shared.settings import Settings
 
@@ -49,7 +51,7 @@ class Shared(Protocol):
     tools: ToolLookup
     execute: Execute
     results: ResultStore | None
-    cache: dict[str, LoopHistory]
+    cache: FoldCache
     outbox: LiveOutbox
 
 
@@ -200,7 +202,8 @@ class Drive:
                 self.foreign = True
 
     async def _send(self, expected: int, events: list[Event], chain: bool) -> CommitResult:
-        with tracing.commit(self.settings.names.history_stream, self.loop_id, len(events)) as span:
+        # Named after the history streams' family (shard 0's stream), so span names stay few.
+        with tracing.commit(self.settings.names.history_stream_of(0), self.loop_id, len(events)) as span:
             # Validated once, by the committer: an invalid event is refused there (a bug of this
             # driver either way), and the same checks here cost every step.
             result = await self.shared.commits.commit(

@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 from services.lifecycle import raise_single
 from services.model_step import gates, toolstep, tracing, turns
 from services.model_step.drive import Drive, load_fold
+from services.model_step.foldcache import FoldCache
 from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
 from services.model_step.models.base import ModelFactory
@@ -53,8 +54,8 @@ class LoopDriver:
     execute: Execute
     # Step plans and tool-call records (None: not recorded, e.g. tests of the driver alone).
     results: ResultStore | None = None
-    # Each loop's last fold, kept between drives (a drive reads on from it).
-    cache: dict[str, LoopHistory] = field(default_factory=dict)
+    # Each loop's last fold, kept between drives (a drive reads on from it); sized in __post_init__.
+    cache: FoldCache = field(default_factory=lambda: FoldCache(1))
     # The loops being driven in this process.
     _drives: dict[str, Drive] = field(default_factory=dict)
     # Sends the loops' live events in frames. The service shares it with its executor and runs its
@@ -64,6 +65,7 @@ class LoopDriver:
 
     def __post_init__(self, live: LiveOutbox | None) -> None:
         self.outbox = live if live is not None else LiveOutbox(self.nc, self.settings.names)
+        self.cache = FoldCache(self.settings.model_step_folds)
 
     async def drive(self, loop_id: str, guard: Guard) -> LoopHistory:
         """Do every piece of pending work of ``loop_id`` while ``guard`` holds; return the final fold.

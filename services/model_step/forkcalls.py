@@ -21,7 +21,8 @@ from services.toolwire.spec import ToolSpec
 from shared.content import ToolResultMessage
 from shared.events import LoopForked
 from shared.forking import call_key, source_results
-from shared.history import LoopHistory, load, replay
+from shared.history import LoopHistory
+from shared.replay import load, replay
 from shared.subjects import Names
 from shared.wiretypes import Reexecution
 

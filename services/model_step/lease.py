@@ -1,8 +1,8 @@
 """Loop leases in KV (``<prefix>_leases``): one live drive per loop, and a drive that lost it stops.
 
-A lease is a key of the leases bucket (its TTL is ``LW_LEASE_TTL_SECONDS``) whose value names the
-holding replica. The holder refreshes it every TTL/4 while it drives the loop (the first time TTL/2
-after taking it).
+A lease is a key of the loop's shard's leases bucket (its TTL is ``LW_LEASE_TTL_SECONDS``) whose
+value names the holding replica (one liveness token per replica, whatever shards it serves). The
+holder refreshes it every TTL/4 while it drives the loop (the first time TTL/2 after taking it).
 
 The lease is not the fence for commits — the commit's expected sequence is — but it guards every
 other side effect. A drive acts (model request, tool call, commit) only while its lease is *held*:
@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -46,7 +46,7 @@ from shared.errors import LoopwireError
 from shared.jsapi import is_gone
 from shared.jserrors import ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT
 from shared.streamreads import subjects
-from shared.subjects import Names
+from shared.subjects import Names, kv_stream
 
 log = logging.getLogger("loopwire.model_step.lease")
 
@@ -141,9 +141,9 @@ class Lease:
 class Leases:
     """This replica's leases: acquisition (with eager takeover from a dead holder) and liveness."""
 
-    def __init__(self, nc: NATS, kv: KeyValue, names: Names, ttl: float) -> None:
+    def __init__(self, nc: NATS, buckets: Mapping[int, KeyValue], names: Names, ttl: float) -> None:
         self.nc = nc
-        self.kv = kv
+        self.buckets = dict(buckets)  # the leases bucket of each shard served
         self.names = names
         self.ttl = ttl
         self.token = uuid.uuid4().hex
@@ -171,15 +171,20 @@ class Leases:
         for lease in list(self._held):
             lease.give_up(why)
 
+    def bucket_of(self, loop_id: str) -> KeyValue:
+        """The leases bucket of the loop's shard (one this replica serves)."""
+        return self.buckets[self.names.shard_of(loop_id)]
+
     async def acquire(self, loop_id: str) -> Lease | None:
         """The loop's lease, or None while another live replica (or another drive here) holds it."""
+        kv = self.bucket_of(loop_id)
         sent = time.monotonic()
-        taken = await self._create(loop_id)
+        taken = await self._create(kv, loop_id)
         if taken is None:
             return None
         revision, taken_from = taken
         lease = Lease(
-            kv=self.kv,
+            kv=kv,
             key=loop_id,
             value=self.value,
             revision=revision,
@@ -195,22 +200,20 @@ class Leases:
         self._held.discard(lease)
 
     async def orphaned(self) -> list[str]:
-        """Loops whose lease names a holder that is gone (its process or its connection).
+        """Loops of the shards served whose lease names a holder that is gone (its process or its
+        connection).
 
         Their work items are still held by the dead replica until the work consumer's ack wait
         passes; a new signal replaces such an item at once. Asked once by a replica starting up,
         which is when a crashed replica's replacement arrives.
         """
-        bucket = self.names.leases_bucket
-        prefix = f"$KV.{bucket}."
-        keys = [s[len(prefix) :] for s in await subjects(self.nc, f"KV_{bucket}", f"{prefix}>")]
         found: list[str] = []
         limiter = anyio.CapacityLimiter(32)
 
-        async def check(loop_id: str) -> None:
+        async def check(kv: KeyValue, loop_id: str) -> None:
             async with limiter:
                 try:
-                    entry = await self.kv.get(loop_id)
+                    entry = await kv.get(loop_id)
                 except nats.js.errors.KeyNotFoundError:
                     return  # released or expired
                 holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
@@ -222,26 +225,29 @@ class Leases:
                     found.append(loop_id)
 
         async with anyio.create_task_group() as tg:
-            for key in keys:
-                tg.start_soon(check, key)
+            for shard, kv in self.buckets.items():
+                bucket = self.names.leases_bucket_of(shard)
+                prefix = f"$KV.{bucket}."
+                for key in await subjects(self.nc, kv_stream(bucket), f"{prefix}>"):
+                    tg.start_soon(check, kv, key[len(prefix) :])
         return sorted(found)
 
-    async def _create(self, loop_id: str) -> tuple[int, bytes] | None:
+    async def _create(self, kv: KeyValue, loop_id: str) -> tuple[int, bytes] | None:
         """(revision, the value of the holder it was taken over from, or b"")."""
         try:
-            return int(await self.kv.create(loop_id, self.value)), b""
+            return int(await kv.create(loop_id, self.value)), b""
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
         except nats.js.errors.APIError as e:
             if e.err_code not in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT):
                 raise
-        return await self._take_over(loop_id)
+        return await self._take_over(kv, loop_id)
 
-    async def _take_over(self, loop_id: str) -> tuple[int, bytes] | None:
+    async def _take_over(self, kv: KeyValue, loop_id: str) -> tuple[int, bytes] | None:
         """Take the key from a holder whose connection is gone; None if it is alive (or unknown).
         (The drive says so in its log, once it knows the turn it takes up.)"""
         try:
-            entry = await self.kv.get(loop_id)
+            entry = await kv.get(loop_id)
         except nats.js.errors.KeyNotFoundError:
             return None  # just expired or released: the next delivery creates it
         holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
@@ -250,7 +256,7 @@ class Leases:
         if not await is_gone(self.nc, self.names.lease_holder(holder), timeout=PING_SECONDS):
             return None  # alive, or stopped or busy: its key expires by itself
         try:
-            revision = int(await self.kv.update(loop_id, self.value, last=entry.revision))
+            revision = int(await kv.update(loop_id, self.value, last=entry.revision))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             return None  # another replica was faster, or the key expired meanwhile
         metrics.inc(metrics.LEASE_TAKEOVERS)

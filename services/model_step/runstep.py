@@ -27,7 +27,7 @@ async def run_step(d: Drive, h: LoopHistory) -> None:
     step_id = step_id_for(t.turn_id, t.steps)
     results = d.shared.results
     if results is not None and d.made != h.last_seq:
-        plan = await results.plan(step_id)
+        plan = await results.plan(step_id, loop_id=h.loop_id)
         if plan is not None and plan.loop_id == h.loop_id and plan.turn_id == t.turn_id:
             # This step ran before (its model-step stopped before committing it): continue the
             # recorded decision instead of asking the model again, whose new calls would be new ids.

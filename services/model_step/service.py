@@ -1,7 +1,8 @@
 """The model-step service: pull work signals, lease the loop, drive it, ack, look once more, release.
 
 Many loops run at once per replica (``LW_MODEL_STEP_CONCURRENCY``), one driver per loop. A replica
-never pulls more work items than it has free slots.
+never pulls more work items than it has free slots. It serves the shards ``LW_SHARDS_SERVED`` names
+(all by default): one work consumer, one puller and one pull loop per shard, sharing its slots.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Final
 import anyio
 import nats.errors
 import nats.js.errors
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -26,7 +27,7 @@ from services.model_step.lease import Lease, LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
 from services.model_step.steps import Action, next_action
-from services.model_step.work import WorkPuller, consumer_config
+from services.model_step.work import WorkPuller, consumer_config, served_shards
 from services.reconcile import ReplicaReconciler
 from shared import logfmt, metrics, telemetry
 from shared.client import CommitClient
@@ -53,21 +54,25 @@ def work_ack_wait(settings: Settings) -> float:
     return max(0.5, min(1.0, settings.lease_ttl_seconds / 2))
 
 
-async def _start_up(js: Any, settings: Settings, registry: Any) -> KeyValue:
-    """Streams, buckets, the tool registry and the work consumer; JetStream may still be electing
-    leaders (a fresh or busy cluster answers with timeouts for a while), so retry for some time."""
+async def _start_up(js: Any, settings: Settings, registry: Any, shards: tuple[int, ...]) -> dict[int, KeyValue]:
+    """Streams, buckets, the tool registry, and each served shard's work consumer and leases bucket;
+    JetStream may still be electing leaders (a fresh or busy cluster answers with timeouts for a
+    while), so retry for some time."""
     names = settings.names
     await ensure_all(js, settings)
     deadline = anyio.current_time() + START_RETRY_SECONDS
     while True:
         try:
-            kv: KeyValue = await js.key_value(names.leases_bucket)
+            buckets: dict[int, KeyValue] = {}
+            for k in shards:
+                buckets[k] = await js.key_value(names.leases_bucket_of(k))
             await registry.start()
-            try:
-                await js.consumer_info(names.work_stream, names.work_consumer)
-            except nats.js.errors.NotFoundError:
-                await js.add_consumer(names.work_stream, consumer_config(names, work_ack_wait(settings)))
-            return kv
+            for k in shards:
+                try:
+                    await js.consumer_info(names.work_stream_of(k), names.work_consumer)
+                except nats.js.errors.NotFoundError:
+                    await js.add_consumer(names.work_stream_of(k), consumer_config(names, k, work_ack_wait(settings)))
+            return buckets
         except Exception as e:
             if not is_transient_setup_error(e) or anyio.current_time() > deadline:
                 raise
@@ -124,14 +129,16 @@ class ModelStepService:
         from services.toolcaller.registry import ToolRegistry
 
         settings, names = self.settings, self.names
+        shards = served_shards(names, settings.shards_served)
         nc = await connect(settings, name="model-step", disconnected_cb=self._on_disconnect)
         registry = ToolRegistry(nc, names, replicas=settings.replicas)
-        puller = WorkPuller(nc, names)
+        pullers = [WorkPuller(nc, names, k) for k in shards]
         try:
-            kv = await _start_up(nc.jetstream(), settings, registry)
-            leases = self._leases = Leases(nc, kv, names, settings.lease_ttl_seconds)
+            buckets = await _start_up(nc.jetstream(), settings, registry, shards)
+            leases = self._leases = Leases(nc, buckets, names, settings.lease_ttl_seconds)
             await leases.start()
-            await puller.start()
+            for puller in pullers:
+                await puller.start()
         except BaseException:
             # Close what was opened, so a replica that cannot start exits instead of lingering half-started.
             with anyio.CancelScope(shield=True):
@@ -154,16 +161,17 @@ class ModelStepService:
         )
         task_status.started()
         try:
-            await self._pull_loop(puller)
+            await self._serve(pullers)
         finally:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await registry.stop()
                 with contextlib.suppress(Exception):
                     await leases.stop()
-                # Items delivered to our inbox but never handled (cut short by the stop) come back to
+                # Items delivered to our inboxes but never handled (cut short by the stop) come back to
                 # another replica after the ack wait.
-                await puller.close()
+                for puller in pullers:
+                    await puller.close()
                 await let_go(nc)
 
     async def _on_disconnect(self) -> None:
@@ -176,31 +184,36 @@ class ModelStepService:
             self._models[spec] = resolve_model(spec, self.settings)
         return self._models[spec]
 
-    async def _pull_loop(self, puller: WorkPuller) -> None:
-        slots = self._slots
+    async def _serve(self, pullers: list[WorkPuller]) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(self._driver.outbox.run)
             assert self._leases is not None
             tg.start_soon(self._reconciler.signal_orphaned, self._leases.orphaned)
-            tg.start_soon(self._reconciler.signal_lost_items, self._busy)
-            while True:
-                await slots.acquire()
-                free = 1
+            tg.start_soon(self._reconciler.signal_lost_items, self._busy, [p.shard for p in pullers])
+            for puller in pullers:
+                tg.start_soon(self._pull_loop, tg, puller)
+
+    async def _pull_loop(self, tg: TaskGroup, puller: WorkPuller) -> None:
+        """One shard's items: wait for ONE with one slot, start it, then top up the other free slots
+        with what is already queued, never asking for more items than there are free slots."""
+        slots = self._slots
+        while True:
+            await slots.acquire()
+            free = 1
+            msgs = await puller.pull(1, wait=PULL_WAIT_SECONDS)
+            if msgs:
                 while slots.value > 0 and free < 64:
-                    await slots.acquire()
+                    slots.acquire_nowait()
                     free += 1
-                # Wait for ONE item, start it, then top up the other free slots with what is already
-                # queued, never asking for more items than there are free slots.
-                msgs = await puller.pull(1, wait=PULL_WAIT_SECONDS)
-                if msgs and free > 1:
+                if free > 1:
                     msgs += await puller.pull(free - 1)
-                for m in msgs[:free]:
-                    tg.start_soon(self._handle, m)
-                for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
-                    with contextlib.suppress(Exception):
-                        await m.nak()
-                for _ in range(free - min(free, len(msgs))):
-                    slots.release()
+            for m in msgs[:free]:
+                tg.start_soon(self._handle, m)
+            for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
+                with contextlib.suppress(Exception):
+                    await m.nak()
+            for _ in range(free - min(free, len(msgs))):
+                slots.release()
 
     async def _handle(self, msg: Msg) -> None:
         try:

@@ -223,7 +223,7 @@ async def _prior(d: Drive, p: PlannedCall) -> Prior:
     nothing when it never started or was sent with other arguments (its worker refuses those)."""
     results = d.shared.results
     assert results is not None
-    rec = await results.call(p.call.name, p.execution_id)
+    rec = await results.call(p.call.name, p.execution_id, loop_id=d.loop_id)
     if rec is None or rec.args_digest != args_digest(p.call.data):
         return Prior.NONE
     if rec.state != DONE:
@@ -241,7 +241,7 @@ async def _prior(d: Drive, p: PlannedCall) -> Prior:
                 ):
                     return Prior.UNKNOWN
                 await anyio.sleep(RECORD_POLL_SECONDS)
-                rec = await results.call(p.call.name, p.execution_id) or rec
+                rec = await results.call(p.call.name, p.execution_id, loop_id=d.loop_id) or rec
     p.recorded = outcome_of(rec.reply_kind, bytes(rec.reply), rec.worker_id)
     return Prior.RECORDED
 

@@ -1,7 +1,8 @@
 """The work queue from the model-step's side: pulling work items (lost ones are found by services.reconcile).
 
-A work item is a message on ``<prefix>.work.<loop_id>`` in the work stream (at most one per loop: a
-new signal replaces a pending one). Replicas share one durable pull consumer.
+A work item is a message on the loop's work subject (``<prefix>.work.<loop_id>`` with one shard) in
+its shard's work stream (at most one per loop: a new signal replaces a pending one). Replicas share
+one durable pull consumer per shard, and pull from each shard they serve with a puller of its own.
 
 Pulls are made here rather than with nats-py's ``fetch``: a fetch that times out on the client
 leaves its pull request waiting on the server, which may later deliver an item nobody asked for
@@ -16,6 +17,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Final
 
 import nats.errors
@@ -33,12 +35,23 @@ _ANSWER_GRACE_SECONDS: Final = 5.0
 _HEARTBEAT_STATUS: Final = "100"
 
 
-def consumer_config(names: Names, ack_wait: float) -> ConsumerConfig:
+def served_shards(names: Names, served: Sequence[int]) -> tuple[int, ...]:
+    """The shards a replica serves: ``served`` (``LW_SHARDS_SERVED``), or every shard when empty."""
+    if not served:
+        return tuple(names.shard_ids)
+    bad = sorted({k for k in served if k not in names.shard_ids})
+    if bad:
+        raise ValueError(f"LW_SHARDS_SERVED names shards {bad}; LW_SHARDS={names.shards} has 0 to {names.shards - 1}")
+    return tuple(sorted(set(served)))
+
+
+def consumer_config(names: Names, shard: int, ack_wait: float) -> ConsumerConfig:
+    """The work consumer of ``shard``'s work stream (the same durable name in each)."""
     return ConsumerConfig(
         durable_name=names.work_consumer,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        filter_subject=names.work_all,
+        filter_subject=names.work_all_of(shard),
         ack_wait=ack_wait,
         max_deliver=-1,
         max_ack_pending=-1,
@@ -46,11 +59,12 @@ def consumer_config(names: Names, ack_wait: float) -> ConsumerConfig:
 
 
 class WorkPuller:
-    """Pull requests on the shared work consumer, answered on this replica's own inbox."""
+    """Pull requests on one shard's shared work consumer, answered on this replica's own inbox."""
 
-    def __init__(self, nc: NATS, names: Names) -> None:
+    def __init__(self, nc: NATS, names: Names, shard: int) -> None:
         self.nc = nc
-        self._next = f"{js_api('CONSUMER.MSG.NEXT', names.work_stream)}.{names.work_consumer}"
+        self.shard = shard
+        self._next = f"{js_api('CONSUMER.MSG.NEXT', names.work_stream_of(shard))}.{names.work_consumer}"
         self._inbox = ""
         self._sub: Subscription | None = None
 

@@ -46,8 +46,8 @@ from shared.events import (
     ToolCallStarted,
     TurnFailed,
 )
-from shared.history import load
 from shared.protocol import ClosedError, RemoteError
+from shared.replay import load
 from shared.turns import TurnOutcome, wait_for_turn
 from shared.wiretypes import PolicyEffect
 

@@ -7,6 +7,7 @@ begins; every result is recorded as ``done`` before the reply is sent — a read
 after the reply, its ack checked in a callback (running it again is harmless; an unacknowledged
 write is written again, the awaited way). A call cut by its deadline, canceled or failed on the
 worker has no ``done`` record: its effects are unknown (the ``started`` record says it may have run).
+Each record is in the results bucket of its caller's loop's shard (the request's ``Lw-Loop-Id``).
 """
 
 from __future__ import annotations
@@ -66,31 +67,34 @@ class CallRecords:
             rec.reply_kind, rec.reply = kind, msgspec.Raw(body)
         return rec
 
-    async def record(self, t: str, eid: str, call: Call, state: str, kind: str = "", body: bytes = b"") -> None:
-        await self.store.record_call(self.record_of(t, eid, call, state, kind, body))
+    async def record(
+        self, loop_id: str, t: str, eid: str, call: Call, state: str, kind: str = "", body: bytes = b""
+    ) -> None:
+        """Write the record of loop ``loop_id``'s call ``eid`` of tool ``t`` (see :meth:`record_of`)."""
+        await self.store.record_call(self.record_of(t, eid, call, state, kind, body), loop_id=loop_id)
 
-    async def record_done(self, t: str, eid: str, call: Call, body: bytes) -> None:
+    async def record_done(self, loop_id: str, t: str, eid: str, call: Call, body: bytes) -> None:
         try:
-            await self.record(t, eid, call, DONE, p.REPLY_RESULT, body)
+            await self.record(loop_id, t, eid, call, DONE, p.REPLY_RESULT, body)
         except Exception:  # it ran: the caller still gets the answer (a re-run may not see it)
             log.warning("worker %s: result of %s not recorded", self.worker_id, t, exc_info=True)
 
-    async def record_nowait(self, rec: CallRecord) -> None:
+    async def record_nowait(self, loop_id: str, rec: CallRecord) -> None:
         """Write ``rec`` without waiting for its ack (one not acknowledged in time is written again)."""
-        await self.store.record_call_nowait(rec)
+        await self.store.record_call_nowait(rec, loop_id=loop_id)
 
-    def _not_acked(self, rec: CallRecord) -> None:
+    def _not_acked(self, loop_id: str, rec: CallRecord) -> None:
         """A record written without waiting was not acknowledged: write it again, the awaited way."""
         tg = self._tg
         if tg is None:  # stopped meanwhile
             log.warning("worker %s: result of %s not recorded", self.worker_id, rec.tool)
             return
         self._rewrites += 1
-        tg.start_soon(self._rewrite, rec)
+        tg.start_soon(self._rewrite, loop_id, rec)
 
-    async def _rewrite(self, rec: CallRecord) -> None:
+    async def _rewrite(self, loop_id: str, rec: CallRecord) -> None:
         try:
-            await self.store.record_call(rec)
+            await self.store.record_call(rec, loop_id=loop_id)
         except Exception:  # it ran: the caller has the answer (a re-run may not see it)
             log.warning("worker %s: result of %s not recorded", self.worker_id, rec.tool, exc_info=True)
         finally:

@@ -107,16 +107,17 @@ class Worker:
             "tools bucket", partial(ensure_tools_bucket, self.nc.jetstream(), self.names, self.settings.replicas)
         )
         if self.results is not None:
-            await self._retrying(
-                "results bucket",
-                partial(
-                    ensure_kv,
-                    self.nc.jetstream(),
-                    self.names.results_bucket,
-                    replicas=self.settings.replicas,
-                    ttl=self.settings.results_ttl_seconds,
-                ),
-            )
+            for shard in self.names.shard_ids:  # a worker serves the loops of every shard
+                await self._retrying(
+                    "results bucket",
+                    partial(
+                        ensure_kv,
+                        self.nc.jetstream(),
+                        self.names.results_bucket_of(shard),
+                        replicas=self.settings.replicas,
+                        ttl=self.settings.results_ttl_seconds,
+                    ),
+                )
         await drain_on_cancel(partial(self._serve, kv), task_status=task_status)
 
     async def _serve(self, kv: KeyValue, stop: anyio.Event, task_status: TaskStatus[None]) -> None:
@@ -336,7 +337,7 @@ class Worker:
         eid = ids.execution_id
         if eid and self.results is not None and not p.first_send(msg.headers):
             try:
-                rec = await self.results.call(t.name, eid)
+                rec = await self.results.call(t.name, eid, loop_id=ids.loop_id)
             except Exception as e:
                 log.warning("worker %s: results of %s unreadable", self.worker_id, t.name, exc_info=True)
                 why = p.ToolErrorBody(kind=p.ERROR_INTERNAL, message=f"result records unavailable ({type(e).__name__})")
@@ -379,7 +380,7 @@ class Worker:
                     if not p.no_record(msg.headers):
                         after_reply = self._records.record_of(t.name, eid, call, DONE, p.REPLY_RESULT, body)
                 else:
-                    await self._records.record_done(t.name, eid, call, body)
+                    await self._records.record_done(ids.loop_id, t.name, eid, call, body)
         except Exception as e:  # a bug here must cost one call, never the worker
             log.exception("worker %s: call of %s failed", self.worker_id, t.name)
             kind, body = p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_INTERNAL, message=type(e).__name__))
@@ -395,7 +396,7 @@ class Worker:
                 self._table.running.pop(eid, None)
         await self._finish(call, kind, body, (t.name, key) if key else None)
         if after_reply is not None and self._records is not None:
-            await self._records.record_nowait(after_reply)
+            await self._records.record_nowait(ids.loop_id, after_reply)
 
     async def _finish(self, call: Call, kind: str, body: bytes, key: tuple[str, str] | None = None) -> None:
         call.done = True
@@ -417,7 +418,7 @@ class Worker:
             return p.REPLY_ERROR, p.encode(p.ToolErrorBody(kind=p.ERROR_CANCELED, message="canceled before it started"))
         if ids.execution_id and self._records is not None and not call.spec.rerun_safe:
             # Known as possibly run from here on: a re-run step never runs it again blindly.
-            await self._records.record(t.name, ids.execution_id, call, STARTED)
+            await self._records.record(ids.loop_id, t.name, ids.execution_id, call, STARTED)
         # An inline tool that takes no context could use none (nothing cancels it once started).
         ctx = (
             None

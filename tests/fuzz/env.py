@@ -46,10 +46,10 @@ from shared.client import LoopClient
 from shared.codec import decode_event, decode_live, decode_live_frame, encode_event
 from shared.connect import connect
 from shared.errors import ErrorKind, LoopwireError
-from shared.history import load
 from shared.natsserver import NatsServer
 from shared.procs import ServiceProcess
 from shared.protocol import REQUEST_TYPES, ApiReply, CommitReply, WireError, decode_request
+from shared.replay import load
 from shared.settings import Settings
 from shared.streamreads import direct_get_batch, get_msg
 from shared.subjects import H_DEADLINE, H_REPLY_KIND, H_STATUS

@@ -9,8 +9,8 @@ from nats.aio.client import Client as NATS
 
 from shared.client import LoopClient
 from shared.events import Budget, BudgetChanged
-from shared.history import load, replay
 from shared.protocol import ClosedError, InvalidRequestError, NotFoundError
+from shared.replay import load, replay
 from shared.settings import Settings
 from tests.integration.committer_fixtures import new_id, running_committer
 

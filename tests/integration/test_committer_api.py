@@ -29,7 +29,7 @@ from shared.events import (
     TurnStarted,
     make,
 )
-from shared.history import LoopHistory, load, replay
+from shared.history import LoopHistory
 from shared.protocol import (
     ApiReply,
     ClosedError,
@@ -41,6 +41,7 @@ from shared.protocol import (
     UnavailableError,
     encode,
 )
+from shared.replay import load, replay
 from shared.settings import Settings
 from shared.streams import ensure_all, ensure_work_stream
 from shared.subjects import Verb, js_api

@@ -16,8 +16,8 @@ from nats.aio.client import Client as NATS
 
 from services.deployment import Deployment, console_command
 from shared.client import LoopClient
-from shared.history import replay
 from shared.natsserver import free_port
+from shared.replay import replay
 from shared.settings import Settings
 from tests.integration.committer_fixtures import running_committer
 

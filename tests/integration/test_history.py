@@ -28,7 +28,8 @@ from shared.events import (
     TurnStarted,
     make,
 )
-from shared.history import LoopHistory, fold, load, loops, replay
+from shared.history import LoopHistory, fold
+from shared.replay import load, loops, replay
 from shared.settings import Settings
 from tests.integration.committer_fixtures import (
     input_submitted,

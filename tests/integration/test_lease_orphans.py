@@ -21,9 +21,9 @@ async def test_loops_of_a_holder_that_is_gone_are_orphaned_and_others_are_not(se
     ttl = settings.lease_ttl_seconds
 
     dead_nc = await connect(settings, name="dead")
-    dead = Leases(dead_nc, await dead_nc.jetstream().key_value(settings.names.leases_bucket), settings.names, ttl)
+    dead = Leases(dead_nc, {0: await dead_nc.jetstream().key_value(settings.names.leases_bucket)}, settings.names, ttl)
     await dead.start()
-    alive = Leases(nc, kv, settings.names, ttl)
+    alive = Leases(nc, {0: kv}, settings.names, ttl)
     await alive.start()
     orphan, kept, released = new_id(), new_id(), new_id()
     assert await dead.acquire(orphan) is not None
@@ -33,7 +33,7 @@ async def test_loops_of_a_holder_that_is_gone_are_orphaned_and_others_are_not(se
     await lease.release()
     await dead_nc.close()  # its process is gone: nobody answers on its liveness subject
 
-    newcomer = Leases(nc, kv, settings.names, ttl)
+    newcomer = Leases(nc, {0: kv}, settings.names, ttl)
     await newcomer.start()
     assert await newcomer.orphaned() == [orphan]
     # The holder itself never counts its own loops as orphaned.

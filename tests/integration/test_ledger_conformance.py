@@ -1,7 +1,7 @@
 """Ledger conformance cases that apply to a loop's history.
 
 The ledger here is one loop: append = a commit through the committer (expected = the stream
-sequence of the loop's last record), read = ``shared.history.replay``, tip = the last sequence.
+sequence of the loop's last record), read = ``shared.replay.replay``, tip = the last sequence.
 Not ported, by design: Delete (the history stream denies deletes and purges - checked below),
 zero-length payloads (every record is a validated event) and the dotted-name matrix (loop ids are
 UUIDs, never paths). Sequences are stream sequences: contiguous per loop in order, not 1..n.
@@ -22,8 +22,8 @@ from shared.client import CommitClient
 from shared.codec import encode_event
 from shared.content import ai_text
 from shared.events import Event, StepDone, make
-from shared.history import replay
 from shared.protocol import ConflictError, InvalidRequestError, TooLargeError
+from shared.replay import replay
 from shared.settings import Settings
 from tests.integration.committer_fixtures import (
     loop_started,

@@ -38,7 +38,7 @@ class Args(msgspec.Struct):
 @tool(name="effect", description="a side effect (unannotated: may not run twice)")
 async def effect(args: Args, ctx: ToolContext) -> str:
     RUNS.append(args.tag)
-    rec = await ResultStore(ctx.nc, ctx.settings.names).call("effect", ctx.ids.execution_id)
+    rec = await ResultStore(ctx.nc, ctx.settings.names).call("effect", ctx.ids.execution_id, loop_id=ctx.ids.loop_id)
     SEEN_DURING_RUN.append(rec.state if rec is not None else "")
     return f"did {args.tag}"
 
@@ -46,7 +46,7 @@ async def effect(args: Args, ctx: ToolContext) -> str:
 @tool(name="lookup", description="reads only", read_only=True)
 async def lookup(args: Args, ctx: ToolContext) -> str:
     RUNS.append(args.tag)
-    rec = await ResultStore(ctx.nc, ctx.settings.names).call("lookup", ctx.ids.execution_id)
+    rec = await ResultStore(ctx.nc, ctx.settings.names).call("lookup", ctx.ids.execution_id, loop_id=ctx.ids.loop_id)
     SEEN_DURING_RUN.append(rec.state if rec is not None else "")
     return f"found {args.tag}"
 
@@ -97,7 +97,7 @@ async def test_a_recorded_call_is_answered_from_its_record_by_any_worker(nc: NAT
             first = await client.call("effect", b'{"tag": "a"}', ids=call_ids, timeout=5)
         assert text(first) == "did a" and RUNS == ["a"]
         assert SEEN_DURING_RUN == [STARTED], "a tool that may not run twice is known as started before it runs"
-        rec = await ResultStore(nc, fast.names).call("effect", call_ids.execution_id)
+        rec = await ResultStore(nc, fast.names).call("effect", call_ids.execution_id, loop_id=call_ids.loop_id)
         assert rec is not None and rec.state == DONE and rec.args_digest == args_digest(b'{"tag": "a"}')
         # Another worker process (a restart, another replica): the record answers, nothing runs.
         async with worker(fast):
@@ -113,13 +113,15 @@ async def test_a_recorded_call_is_answered_from_its_record_by_any_worker(nc: NAT
             # (written after the reply, without waiting for its ack: it lands in the store shortly after)
             store = ResultStore(nc, fast.names)
             with anyio.fail_after(5):
-                while (rec := await store.call("lookup", lookup_ids.execution_id)) is None:
+                while (rec := await store.call("lookup", lookup_ids.execution_id, loop_id=lookup_ids.loop_id)) is None:
                     await anyio.sleep(0.02)
             assert rec.state == DONE
 
 
-async def _step(nc: NATS, settings: Settings, *names: str) -> list[str]:
-    """Run one step of calls (each with its own execution id) through the batch executor; their ids."""
+async def _step(nc: NATS, settings: Settings, *names: str) -> tuple[str, list[str]]:
+    """Run one step of calls (each with its own execution id) of a new loop through the batch
+    executor; the loop's id and the calls' ids."""
+    loop_id = str(uuid.uuid4())
     spec_of = {t.name: t.spec(settings) for t in TOOLS}.get
     plans = [
         PlannedCall.approved(RawToolUse(id=f"u{i}", name=n, input=f'{{"tag": "s{i}"}}'), str(uuid.uuid4()))
@@ -131,9 +133,9 @@ async def _step(nc: NATS, settings: Settings, *names: str) -> list[str]:
 
     async with cl.ToolClient(nc, settings.names, heartbeat_seconds=0.3) as client:
         await run_batch(
-            plans, loop_id=str(uuid.uuid4()), turn_id="t", step_id="s", spec_of=spec_of, client=client, publish=publish
+            plans, loop_id=loop_id, turn_id="t", step_id="s", spec_of=spec_of, client=client, publish=publish
         )
-    return [pc.execution_id for pc in plans]
+    return loop_id, [pc.execution_id for pc in plans]
 
 
 async def test_a_step_of_read_only_calls_writes_no_record_and_a_step_with_a_plan_records_each(
@@ -142,12 +144,12 @@ async def test_a_step_of_read_only_calls_writes_no_record_and_a_step_with_a_plan
     RUNS.clear()
     store = ResultStore(nc, fast.names)
     async with worker(fast):
-        (alone,) = await _step(nc, fast, "lookup")  # no plan: running it again asks the model again
-        mixed_lookup, mixed_effect = await _step(nc, fast, "lookup", "effect")  # a plan: records are read
+        one, (alone,) = await _step(nc, fast, "lookup")  # no plan: running it again asks the model again
+        mixed, (mixed_lookup, mixed_effect) = await _step(nc, fast, "lookup", "effect")  # a plan: records are read
         await anyio.sleep(0.5)  # a read-only call's record is written after its reply
-    assert await store.call("lookup", alone) is None
+    assert await store.call("lookup", alone, loop_id=one) is None
     for name, eid in (("lookup", mixed_lookup), ("effect", mixed_effect)):
-        rec = await store.call(name, eid)
+        rec = await store.call(name, eid, loop_id=mixed)
         assert rec is not None and rec.state == DONE, name
 
 
@@ -251,18 +253,19 @@ async def test_unawaited_record_writes_are_acknowledged_or_handed_back(nc: NATS,
     await ensure_kv(nc.jetstream(), fast.names.results_bucket, ttl=fast.results_ttl_seconds)
     handed: list[str] = []
     store = ResultStore(nc, fast.names)
-    await store.open_acks(lambda rec: handed.append(rec.execution_id))
+    await store.open_acks(lambda loop_id, rec: handed.append(rec.execution_id))
     rec = CallRecord(tool="lookup", execution_id=str(uuid.uuid4()), args_digest="d", state=DONE, reply_kind="result")
-    await store.record_call_nowait(rec)
+    loop_id = str(uuid.uuid4())
+    await store.record_call_nowait(rec, loop_id=loop_id)
     with anyio.fail_after(5):
         while store.unacked:
             await anyio.sleep(0.01)
-    got = await store.call("lookup", rec.execution_id)
+    got = await store.call("lookup", rec.execution_id, loop_id=loop_id)
     assert got is not None and got.state == DONE and handed == []
 
     nowhere = ResultStore(nc, Names(prefix=fast.names.prefix + "x"))  # no such bucket
-    await nowhere.open_acks(lambda rec: handed.append(rec.execution_id))
-    await nowhere.record_call_nowait(rec)
+    await nowhere.open_acks(lambda loop_id, rec: handed.append(rec.execution_id))
+    await nowhere.record_call_nowait(rec, loop_id=loop_id)
     with anyio.fail_after(5):
         while not handed:
             await anyio.sleep(0.01)
@@ -270,9 +273,9 @@ async def test_unawaited_record_writes_are_acknowledged_or_handed_back(nc: NATS,
 
     handed.clear()
     silent = ResultStore(nc, Names(prefix=fast.names.prefix + "y"))
-    sub = await nc.subscribe(f"$KV.{silent.bucket}.>")  # receives the write, never acknowledges it
-    await silent.open_acks(lambda rec: handed.append(rec.execution_id))
-    await silent.record_call_nowait(rec)
+    sub = await nc.subscribe(f"$KV.{silent.bucket_of(loop_id)}.>")  # receives the write, never acknowledges it
+    await silent.open_acks(lambda loop_id, rec: handed.append(rec.execution_id))
+    await silent.record_call_nowait(rec, loop_id=loop_id)
     await sub.next_msg(timeout=5)
     silent.expire_unacked(time.monotonic())
     assert handed == [] and silent.unacked == 1, "not overdue yet"

@@ -21,7 +21,7 @@ from services.reconcile import LostItems
 from shared.client import CommitClient, LoopClient
 from shared.content import AIMessage, text_of, user_text
 from shared.events import LoopIdle, TurnDone, TurnStarted, make, new_id
-from shared.history import load
+from shared.replay import load
 from shared.settings import Settings
 from shared.streamreads import get_msg
 from shared.streams import ensure_all
@@ -141,10 +141,10 @@ async def test_lost_items_are_the_delivered_ones_the_consumer_no_longer_counts(s
     await js.publish(names.work(a), b"")
     await js.add_consumer(
         names.work_stream,
-        dataclasses.replace(consumer_config(names, 1.0), deliver_policy=DeliverPolicy.NEW),
+        dataclasses.replace(consumer_config(names, 0, 1.0), deliver_policy=DeliverPolicy.NEW),
     )
     await js.publish(names.work(b), b"")  # waits for its first delivery: not lost
-    lost = LostItems(nc, names)
+    lost = LostItems(nc, names, 0)
     assert await lost.check() == []  # one observation is not enough (the counts are read apart)
     assert await lost.check() == [a]
 
@@ -152,13 +152,13 @@ async def test_lost_items_are_the_delivered_ones_the_consumer_no_longer_counts(s
 async def test_a_healthy_work_queue_has_no_lost_items(settings: Settings, nc: NATS) -> None:
     await ensure_all(nc.jetstream(timeout=10), settings)
     names = settings.names
-    await nc.jetstream().add_consumer(names.work_stream, consumer_config(names, 30.0))
+    await nc.jetstream().add_consumer(names.work_stream, consumer_config(names, 0, 30.0))
     for _ in range(3):
         await signal_work(nc, names, new_id(), within=2)
-    puller = WorkPuller(nc, names)
+    puller = WorkPuller(nc, names, 0)
     await puller.start()
     [held] = await puller.pull(1, wait=2)  # delivered, waiting for its ack
-    lost = LostItems(nc, names)
+    lost = LostItems(nc, names, 0)
     for _ in range(3):
         assert await lost.check() == []
     await held.nak()

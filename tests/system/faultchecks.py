@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 
 from services.model_step.steps import step_id_for
 from shared import events as ev
+from shared import shards
 from shared.content import AIMessage, ToolResultMessage, text_of, tool_uses
 from shared.errors import LoopwireError
 from shared.events import Event
@@ -37,9 +38,9 @@ async def chain_violations(nc: NATS, settings: Settings, loop_id: str) -> list[s
     """Every record (or batch) was appended expecting the loop's previous record; batches are consecutive."""
     out: list[str] = []
     prev, start = 0, 1
-    names = settings.names
+    home = await shards.home_of(nc, settings.names, loop_id)
     while True:
-        b = await direct_get_batch(nc, names.history_stream, names.hist(loop_id), start_seq=start)
+        b = await direct_get_batch(nc, home.stream, home.subject, start_seq=start)
         for m in b.messages:
             in_batch = m.headers.get(H_BATCH_SEQ, "1") != "1"
             expected = m.headers.get(H_EXPECTED_LAST_SUBJECT_SEQ)
@@ -224,14 +225,15 @@ async def why_stuck(nc: NATS, settings: Settings, loop_id: str) -> str:
     js = nc.jetstream()
     parts: list[str] = []
     try:
-        m = await get_msg(nc, names.work_stream, last_by_subj=names.work(loop_id))
+        shard = names.shard_of(loop_id)
+        m = await get_msg(nc, names.work_stream_of(shard), last_by_subj=names.work(loop_id))
         parts.append(f"work item: {'none' if m is None else f'seq {m.seq}'}")
-        ci = await js.consumer_info(names.work_stream, names.work_consumer)
+        ci = await js.consumer_info(names.work_stream_of(shard), names.work_consumer)
         parts.append(
             f"consumer: delivered {ci.delivered.stream_seq}, ack floor {ci.ack_floor.stream_seq}, "
             f"pending {ci.num_pending}, ack pending {ci.num_ack_pending}, redelivered {ci.num_redelivered}"
         )
-        kv = await js.key_value(names.leases_bucket)
+        kv = await js.key_value(names.leases_bucket_of(shard))
         try:
             e = await kv.get(loop_id)
             parts.append(f"lease: {e.value!r} rev {e.revision}")

@@ -24,9 +24,10 @@ from shared.client import ApiResult, LoopClient
 from shared.codec import decode_live_frame
 from shared.errors import LoopwireError
 from shared.events import Event
-from shared.history import LoopHistory, load
+from shared.history import LoopHistory
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.protocol import RemoteError, UnavailableError
+from shared.replay import load
 from shared.settings import Settings
 from tests.system.faultscript import FAULT_RESULT_PREFIXES, GATED_TOOL, STEPS
 
@@ -247,7 +248,8 @@ class Load:
         """Drive every loop to its end (or ``timeout``) while ``fault`` runs; the fault must finish too."""
         subs = [await self.nc.subscribe(self.names.live_all, cb=self._on_live)]
         if self.follow_history:
-            subs.append(await self.nc.subscribe(self.names.hist_all, cb=self._on_hist))
+            for k in self.names.shard_ids:
+                subs.append(await self.nc.subscribe(self.names.hist_all_of(k), cb=self._on_hist))
         self.started = time.monotonic()
         try:
             with anyio.move_on_after(timeout):

@@ -34,12 +34,14 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared import events as ev
+from shared import shards
 from shared.client import LoopClient
 from shared.connect import connect
 from shared.content import ToolResultMessage, text_of
-from shared.history import COMMAND_EVENTS, LoopHistory, load
+from shared.history import COMMAND_EVENTS, LoopHistory
 from shared.natsserver import NatsCluster
 from shared.protocol import RemoteError, UnavailableError
+from shared.replay import load
 from shared.settings import Settings
 from shared.streamreads import direct_get_batch
 from tests import natsfixtures
@@ -155,7 +157,7 @@ async def storm(
             sigcont(victim)
         else:
             if rng.random() < 0.5:
-                node = await stream_leader(cluster, settings.names.history_stream)
+                node = await stream_leader(cluster, settings.names.history_stream_of(0))
                 t.leader_stops += 1
             else:
                 node = rng.choice([n for n in cluster.nodes if n.running])
@@ -222,11 +224,11 @@ def _stamp(headers: dict[str, str]) -> float:
 
 async def step_commit_times(nc: NATS, settings: Settings, loop_id: str) -> dict[str, float]:
     """step_id → wall-clock time its StepDone was stored."""
-    names = settings.names
+    home = await shards.home_of(nc, settings.names, loop_id)
     out: dict[str, float] = {}
     start = 1
     while True:
-        b = await direct_get_batch(nc, names.history_stream, names.hist(loop_id), start_seq=start)
+        b = await direct_get_batch(nc, home.stream, home.subject, start_seq=start)
         for m in b.messages:
             if b'"type":"StepDone"' in m.data:
                 out[json.loads(m.data)["step_id"]] = _stamp(m.headers)

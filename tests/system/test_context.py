@@ -17,8 +17,9 @@ from nats.aio.client import Client as NATS
 from shared import events as ev
 from shared.client import LoopClient
 from shared.content import AIMessage
-from shared.history import fold, load
+from shared.history import fold
 from shared.protocol import InvalidRequestError
+from shared.replay import load
 from shared.settings import Settings
 from tests.syshelpers import check_history_invariants, history, system, wait_history, write_script
 from tests.system.test_fork import acli

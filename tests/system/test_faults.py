@@ -10,6 +10,7 @@ the run and written as JSON (see tests/system/reports.py and docs/reliability.md
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -45,6 +46,8 @@ from tests.system.scenarioreport import ScenarioReport
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.cluster, pytest.mark.timeout(1200)]
 
 CI_LOOPS = 20
+# LW_SHARDS=3 runs the suite on a sharded deployment (the leader kills hit shard 0's streams).
+FAULT_SHARDS = int(os.environ.get("LW_SHARDS", "1"))
 LONG_LOOPS = 100
 
 
@@ -66,7 +69,9 @@ def scenario_reports(long_run: bool) -> Iterator[list[ScenarioReport]]:
 
 @pytest.fixture
 def r3(cluster: NatsCluster) -> Settings:
-    return Settings.from_env({}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3)
+    return Settings.from_env(
+        {}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3, shards=FAULT_SHARDS
+    )
 
 
 @pytest.fixture
@@ -165,13 +170,13 @@ async def stop_tool(ctx: Ctx) -> None:
 
 
 async def kill_stream_leader(ctx: Ctx) -> None:
-    await kill_leader_of(ctx, ctx.load.names.history_stream)
+    await kill_leader_of(ctx, ctx.load.names.history_stream_of(0))
 
 
 async def kill_work_leader(ctx: Ctx) -> None:
     """Work signals, pulls, acks and naks fail until the work stream has a leader again, while the
     history stream may keep its own: commands and commits go on meanwhile (see ENV)."""
-    await kill_leader_of(ctx, ctx.load.names.work_stream)
+    await kill_leader_of(ctx, ctx.load.names.work_stream_of(0))
 
 
 async def kill_leader_of(ctx: Ctx, stream: str) -> None:

@@ -430,7 +430,7 @@ async def test_a_turn_whose_answer_is_stored_without_its_end_is_ended_once_by_th
     from shared.client import CommitClient
     from shared.content import Usage, ai_text
     from shared.events import make, new_id
-    from shared.history import load
+    from shared.replay import load
 
     model = write_script(tmp_path, {"responses": ["a second answer"], "repeat_last": True})
     with system(settings, model_steps=0, tools=()) as s:

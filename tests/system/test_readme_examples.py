@@ -26,7 +26,7 @@ from services.tools.agent import child_loop_id
 from shared import events as ev
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
-from shared.history import replay
+from shared.replay import replay
 from shared.settings import Settings
 from shared.turns import wait_for_turn
 from tests.syshelpers import system, wait_for, write_script

@@ -25,9 +25,10 @@ from shared import events as ev
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
 from shared.forking import descendants, origins
-from shared.history import LoopHistory, loops
+from shared.history import LoopHistory
 from shared.natsserver import free_port
 from shared.protocol import InvalidRequestError
+from shared.replay import loops
 from shared.results import DONE, ResultStore
 from shared.settings import Settings
 from tests.syshelpers import (
@@ -139,7 +140,7 @@ async def _check_one_child(nc: NATS, settings: Settings, parent: str) -> str:
     answer = await _answer_of(nc, settings, child)
     assert not result.is_error and text_of(result) == answer == CHILD_ANSWER
     # The worker's durable record of the call holds the same answer (a repeat is answered from it).
-    record = await ResultStore(nc, settings.names).call("researcher", execution_id)
+    record = await ResultStore(nc, settings.names).call("researcher", execution_id, loop_id=parent)
     assert record is not None and record.state == DONE
     assert answer in bytes(record.reply).decode()
     return child
