@@ -1,7 +1,7 @@
 """``python -m bench idle-memory``: the memory an idle loop costs each service.
 
 One R1 deployment (one committer, one model-step, one calculator worker). The resident set of the
-committer and the model-step is read from ``/proc`` before and after ``loops`` loops each ran one
+committer, the model-step and nats-server is read from ``/proc`` before and after ``loops`` loops each ran one
 one-step turn and went idle; the difference per loop is what an idle loop costs each process (what
 docs/scaling.md multiplies out). The processes keep what they keep for idle loops for as long as
 they run, so the reading is taken after a pause that lets nothing more be freed.
@@ -27,6 +27,13 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def _pid(d: Deployment, role: str) -> int:
+    if role == "nats-server":
+        assert d.server is not None and d.server.proc is not None
+        return d.server.proc.pid
+    return d.pids(role)[0]
+
+
 def per_loop(before: int, after: int, loops: int) -> float:
     """Bytes per loop of a growth from ``before`` to ``after`` over ``loops`` loops (never negative)."""
     return max(0, after - before) / loops
@@ -35,15 +42,15 @@ def per_loop(before: int, after: int, loops: int) -> float:
 async def _measure(d: Deployment, loops: int) -> dict[str, Any]:
     await d.connect()
     await d.warm_up()
-    roles = ("committer", "model-step")
-    before = {role: rss_bytes(d.pids(role)[0]) for role in roles}
+    roles = ("committer", "model-step", "nats-server")
+    before = {role: rss_bytes(_pid(d, role)) for role in roles}
     t0 = time.monotonic()
     batch = 1000
     for start in range(0, loops, batch):
         await d.run_loops(min(batch, loops - start), 1, timeout=900)
     wall = time.monotonic() - t0
     await asyncio.sleep(PAUSE_SECONDS)
-    after = {role: rss_bytes(d.pids(role)[0]) for role in roles}
+    after = {role: rss_bytes(_pid(d, role)) for role in roles}
     return {
         "loops": loops,
         "seconds": round(wall, 1),

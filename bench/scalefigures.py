@@ -218,7 +218,7 @@ def _cpu_limited(nodes: int, mine: Sequence[dict[str, Any]], kinds: set[str], bu
     srv = [r["servers_us_per_step"] / ((r["servers_us_per_step"] + r["services_us_per_step"]) or 1) for r in mine]
     hot = max(r["busiest_core"] for r in mine)
     return (
-        f"{nodes} nodes: {who}: the machine's {mine[0]['cpus']} cores were saturated (busy {busy_text}), the "
+        f"{nodes} nodes: {who}: the {mine[0]['cpus']} cores were saturated (busy {busy_text}), the "
         f"service processes used {_pct_range(svc)} of the measured CPU and the nats-servers together about "
         f"{_pct_range(srv)}, and the busiest nats-server at most {hot * 100:.0f} % of one core. More shards "
         "spread the servers' work over the nodes but cannot raise the rate here: every process shares the same cores."

@@ -1,6 +1,6 @@
 """One run of the ``scale`` scenario: a nats-server cluster, sharded loopwire services, loops, a measured window.
 
-:class:`ScaleDeployment` starts a cluster of ``nodes`` nats-servers (R3 streams), ``LW_SHARDS`` =
+:class:`ScaleDeployment` starts a cluster of ``nodes`` nats-servers (R3 streams, or R1), ``LW_SHARDS`` =
 ``shards``, and ``per_node`` committers, model-steps and calculator tool workers per node; process i
 of each role connects to node i first (``LW_NATS_URL`` rotated, ``LW_NATS_IN_ORDER=1``).
 
@@ -29,6 +29,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.client import Client as NATS
 
+from bench import cpuquota
 from bench.common import cpu_stat
 from bench.lw import BIG_LIMITS, PREFIX, record_type, stored_at
 from bench.meter import RunMeter
@@ -66,6 +67,9 @@ class ScaleDeployment:
     cluster: NatsCluster | None = None
     services: deployment.Deployment | None = None
     nc: NATS | None = None
+    server_cpu: float | None = None  # each nats-server's CPU quota in cores (None: unlimited)
+    replicas: int = 3  # of every stream and bucket
+    _groups: list[Path] = field(default_factory=list)
 
     @property
     def urls(self) -> list[str]:
@@ -75,11 +79,19 @@ class ScaleDeployment:
     @property
     def settings(self) -> Settings:
         return Settings.from_env(
-            {}, nats_urls=tuple(self.urls), prefix=PREFIX, replicas=3, nats_in_order=True, shards=self.shards
+            {},
+            nats_urls=tuple(self.urls),
+            prefix=PREFIX,
+            replicas=self.replicas,
+            nats_in_order=True,
+            shards=self.shards,
         )
 
     def start_nats(self) -> None:
         self.cluster = NatsCluster(size=self.nodes, base_dir=str(self.work / "nats")).start()
+        if self.server_cpu is not None:
+            for name, pid in self.server_pids().items():
+                self._groups.append(cpuquota.limit(pid, self.server_cpu, name))
 
     async def connect(self) -> NATS:
         """Connect (to the first node) and create every shard's streams and buckets."""
@@ -125,6 +137,8 @@ class ScaleDeployment:
             self.services.stop_all(timeout=10)
         if self.cluster is not None:
             self.cluster.cleanup()
+        for group in self._groups:
+            cpuquota.release(group)
         shutil.rmtree(self.work, ignore_errors=True)
 
     def log_tails(self) -> str:
@@ -297,11 +311,19 @@ async def quiet(limit: float = QUIET_BUSY, wait: float = QUIET_WAIT_SECONDS) -> 
 
 
 async def one_run(
-    nodes: int, shards: int, loops: int, steps: int, *, per_node: int = 1, log: Callable[[str], None] = print
+    nodes: int,
+    shards: int,
+    loops: int,
+    steps: int,
+    *,
+    per_node: int = 1,
+    server_cpu: float | None = None,
+    replicas: int = 3,
+    log: Callable[[str], None] = print,
 ) -> RunFigures:
     """A fresh cluster, its shards' stream leaders balanced over the nodes, services, a warm-up, one measured run."""
     before = await quiet()
-    d = ScaleDeployment(nodes, shards, per_node)
+    d = ScaleDeployment(nodes, shards, per_node, server_cpu=server_cpu, replicas=replicas)
     try:
         d.start_nats()
         nc = await d.connect()

@@ -9,7 +9,6 @@ JetStream's leader step-down naming the preferred server (nats-server 2.11 and l
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -111,8 +110,8 @@ async def read(nc: NATS, names: Names) -> list[StreamPlace]:
 
 def plan(places: list[StreamPlace]) -> dict[int, str]:
     """The node each shard's streams should be led from: every node leads about as many shards (at
-    most one more than another), and a shard keeps the node that leads most of its streams now when
-    that fits. A shard whose streams share no server is left out."""
+    most one more than another), and among the least loaded a shard keeps the node that leads most of
+    its streams now. A shard whose streams share no server is left out."""
     shards: dict[int, list[StreamPlace]] = {}
     for p in places:
         shards.setdefault(p.shard, []).append(p)
@@ -124,7 +123,6 @@ def plan(places: list[StreamPlace]) -> dict[int, str]:
     nodes = set().union(*candidates.values()) if candidates else set()
     if not nodes:
         return {}
-    cap = math.ceil(len(candidates) / len(nodes))
 
     def leads(k: int, node: str) -> int:
         return sum(p.leader == node for p in shards[k])
@@ -133,7 +131,9 @@ def plan(places: list[StreamPlace]) -> dict[int, str]:
     target: dict[int, str] = {}
     # Shards most led from one node first: they keep it while it has room.
     for k in sorted(candidates, key=lambda k: (-max(leads(k, n) for n in candidates[k]), k)):
-        node = min(candidates[k], key=lambda n: (load[n] >= cap, -leads(k, n), load[n], n))
+        # The least loaded node first (so no node leads two shards more than another), then the one
+        # that leads most of this shard already (fewer moves).
+        node = min(candidates[k], key=lambda n: (load[n], -leads(k, n), n))
         target[k] = node
         load[node] += 1
     return target
