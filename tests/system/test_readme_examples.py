@@ -50,7 +50,7 @@ def _python_block(section: str, containing: str) -> str:
 TOOL = _python_block("Add a tool in 10 lines", "run_worker")
 ONE_LOOP = _python_block("Consume events", "wait_for_turn")
 SUB_AGENT = _python_block("Sub-agents", "agent_tool")
-FOLLOW = _python_block("Consume events", "decode_event")
+FOLLOW = _python_block("Consume events", "follow_all")
 
 
 def test_the_examples_are_the_example_files_and_import_only_loopwire() -> None:
