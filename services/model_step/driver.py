@@ -54,8 +54,8 @@ class LoopDriver:
     execute: Execute
     # Step plans and tool-call records (None: not recorded, e.g. tests of the driver alone).
     results: ResultStore | None = None
-    # Each loop's last fold, kept between drives (a drive reads on from it); sized in __post_init__.
-    cache: FoldCache = field(default_factory=lambda: FoldCache(1))
+    # Each loop's last fold, kept between drives (a drive reads on from it); made in __post_init__.
+    cache: FoldCache = field(init=False)
     # The loops being driven in this process.
     _drives: dict[str, Drive] = field(default_factory=dict)
     # Sends the loops' live events in frames. The service shares it with its executor and runs its

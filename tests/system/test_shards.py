@@ -29,7 +29,7 @@ from shared.natsserver import NatsCluster
 from shared.replay import loops, replay
 from shared.settings import Settings
 from shared.shards import META_GREW, META_SHARDS
-from shared.streamreads import direct_get_batch, subjects
+from shared.streamreads import direct_get_batch
 from shared.streams import ensure_all
 from shared.subjects import H_TIMESTAMP, Names, kv_stream
 from tests import natsfixtures
@@ -52,10 +52,9 @@ async def _records_by_stream(nc: NATS, settings: Settings, loop_id: str) -> dict
     names = settings.names
     out: dict[str, int] = {}
     for h in shards.history_streams(names):
-        found = await subjects(nc, h.stream, names.hist_in(h.shard, loop_id))
-        if found:
-            info = await nc.jetstream().stream_info(h.stream, subjects_filter=names.hist_in(h.shard, loop_id))
-            out[h.stream] = sum((info.state.subjects or {}).values())
+        info = await nc.jetstream().stream_info(h.stream, subjects_filter=names.hist_in(h.shard, loop_id))
+        if info.state.subjects:
+            out[h.stream] = sum(info.state.subjects.values())
     return out
 
 
