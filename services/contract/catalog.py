@@ -54,6 +54,9 @@ LIVE_FRAME: Final = Annotated[list[EPHEMERAL_UNION], msgspec.Meta(min_length=1)]
 ANY_UNION: Final = _union(CLASSIFICATION)
 # The enduring events' names, in EVENT_TYPES order (what the history stream carries).
 ENDURING_NAMES: Final = tuple(name for name in EVENT_TYPES if name in ENDURING_TYPES)
+# What the loop API writes to a started loop (input, answer, interrupt, close, budget): the records the
+# committer republishes on the loop's control subject for the model-step driving it.
+CONTROL_NAMES: Final = ("InputSubmitted", "GateResolved", "TurnInterrupted", "LoopClosed", "BudgetChanged")
 
 DESCRIPTIONS: Final[dict[str, str]] = {
     "EnduringEvent": "Any enduring event as stored in the history stream: the durable envelope "
@@ -62,6 +65,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "LiveFrame": "A message on {prefix}.live.{loop_id}: one or more ephemeral events of the loop, oldest first "
     "(a frame holds at most ~50 ms of the loop's events, and a step's events go out before the step is committed).",
     "AnyEvent": "Any event of either class.",
+    "ControlRecord": "A message on {prefix}.ctl.{loop_id}: one record a loop-API command stored, its bytes as "
+    "stored in the history (the durable envelope), without the history's headers.",
     "CommitRequest": "Request on {prefix}.commit.{loop_id}: append events (all or none) after expected_last_seq "
     "(0 for a new loop). Each element of events is one durable envelope.",
     "CommitReply": "Reply to a commit: ok with the stored sequences, or an error.",

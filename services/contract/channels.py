@@ -48,6 +48,16 @@ def _loop_channels() -> dict[str, Any]:
             "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
             "messages": {e: _msg_ref(e) for e in ENDURING_NAMES},
         },
+        "control": {
+            "address": _N.ctl("{loop_id}"),
+            "title": "loop control",
+            "description": "Core NATS: each record a loop-API command stored for a started loop, republished by "
+            "the committer after storing it, byte for byte as in the history (a durable envelope), so the "
+            "model-step driving the loop learns at once of an input, an answer, an interrupt, a close or a budget. "
+            "Best effort: a lost one only delays the driver until its next commit's expected sequence fails.",
+            "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
+            "messages": {"ControlRecord": _msg_ref("ControlRecord")},
+        },
         "live": {
             "address": _N.live("{loop_id}"),
             "title": "live events",
@@ -153,6 +163,18 @@ def _record_channels() -> dict[str, Any]:
             "before a step's first tool call is sent." + _per_shard("<prefix>_results_<k>"),
             "parameters": {"prefix": _PREFIX, "step_id": _param("step id")},
             "messages": {"StepPlanRecord": _msg_ref("StepPlanRecord")},
+        },
+        "memoryNotes": {
+            "address": f"$KV.{_N.memory_bucket}.{{loop_id}}.{{key}}",
+            "title": "kv_memory notes",
+            "description": f"JetStream KV bucket {_D.memory_bucket} (<prefix>_memory): the built-in kv_memory "
+            "tool's notes, per loop (the call's Lw-Loop-Id), never expiring.",
+            "parameters": {
+                "prefix": _PREFIX,
+                "loop_id": _LOOP,
+                "key": _param("the note's key, UTF-8, base64url without padding"),
+            },
+            "messages": {"MemoryNote": _msg_ref("MemoryNote")},
         },
         **_liveness_channels(),
     }

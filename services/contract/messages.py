@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.contract.catalog import API_TYPES, COMMIT_TYPES, DESCRIPTIONS
+from services.contract.catalog import API_TYPES, COMMIT_TYPES, CONTROL_NAMES, DESCRIPTIONS
 from shared import subjects
 from shared.events import CLASSIFICATION, ENDURING_TYPES, EVENT_TYPES
 
@@ -115,6 +115,13 @@ def _protocol_messages() -> list[dict[str, Any]]:
             {"type": "array", "minItems": 1, "items": _schema_ref("EphemeralEvent")},
         )
     )
+    out.append(
+        _plain(
+            "ControlRecord",
+            DESCRIPTIONS["ControlRecord"],
+            {"anyOf": [_schema_ref(name) for name in CONTROL_NAMES]},
+        )
+    )
     out.append(_plain("WorkSignal", "Empty JetStream message: the loop has work (at most one pending per loop).", {}))
     return out
 
@@ -152,6 +159,7 @@ def _record_messages() -> list[dict[str, Any]]:
         ),
         _plain("ToolCallRecord", DESCRIPTIONS["CallRecord"], _schema_ref("CallRecord")),
         _plain("StepPlanRecord", DESCRIPTIONS["StepPlan"], _schema_ref("StepPlan")),
+        _plain("MemoryNote", "KV value: a kv_memory note (UTF-8 text).", {"type": "string"}),
         _plain("WorkerPing", "Empty request: does this tool worker still exist? (empty reply)", {}),
         _plain("LeaseHolderPing", "Empty request: is this lease holder's connection alive? (empty reply)", {}),
     ]

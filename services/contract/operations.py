@@ -54,6 +54,19 @@ def _loop_operations() -> dict[str, Any]:
         "followHistory": _op(
             "receive", "history", "Consumers replay and follow a loop's committed history.", ENDURING_NAMES
         ),
+        "notifyDriver": _op(
+            "send",
+            "control",
+            "The committer republishes the records a loop-API command stored for a started loop.",
+            ["ControlRecord"],
+        ),
+        "watchControl": _op(
+            "receive",
+            "control",
+            "The model-step driving a loop reads the history again after another writer's record, and cancels "
+            "its step on TurnInterrupted or LoopClosed.",
+            ["ControlRecord"],
+        ),
         "publishLive": _op(
             "send", "live", "The model-step publishes token deltas and tool-call progress.", ["LiveFrame"]
         ),
@@ -93,6 +106,7 @@ def _tool_and_lease_operations() -> dict[str, Any]:
         ),
         "cancelToolCall": _op("send", "toolControl", "Cancel a running tool call.", ["ToolCancel"]),
         "registerTool": _op("send", "toolRegistry", "A tool worker registers what it serves.", ["ToolRegistration"]),
+        "rememberNote": _op("send", "memoryNotes", "The kv_memory tool stores a loop's note.", ["MemoryNote"]),
         "leaseLoop": _op("send", "leases", "A model-step replica takes and refreshes a loop's lease.", ["LoopLease"]),
         "pingLeaseHolder": _op(
             "receive",

@@ -228,3 +228,71 @@ def test_named_string_constants_are_the_wire_vocabularies() -> None:
     assert {client.CRASHED, client.UNAVAILABLE, client.TIMEOUT} == set(wiretypes.RETRYABLE_OUTCOMES)
     assert {policy.ALLOW, policy.DENY, policy.ASK} == set(wiretypes.POLICY_EFFECTS)
     assert set(wiretypes.ANSWER_ACTIONS) == set(wiretypes.GATE_ACTIONS) - {"abandoned"}
+
+
+def _names_subjects() -> list[tuple[str, str]]:
+    """Every subject and bucket ``shared.subjects.Names`` builds, by member name: a string parameter as a
+    ``{placeholder}``, a vocabulary (the verb) as each of its values, a shard as 0. Names is the one place
+    loopwire spells them, so a new one cannot be missed."""
+    import inspect
+    import itertools
+    import typing
+
+    n = subjects.Names("{prefix}")
+    out: list[tuple[str, str]] = []
+    for name, member in inspect.getmembers(subjects.Names):
+        if name.startswith("_") or name.endswith("_of") or name in ("prefix", "shards", "shard_ids"):
+            continue
+        if isinstance(member, property):
+            out.append((name, getattr(n, name)))
+            continue
+        if not inspect.isfunction(member) or isinstance(inspect.getattr_static(subjects.Names, name), staticmethod):
+            continue  # loop_of_hist, loop_of_work: they read a subject, they build none
+        hints = typing.get_type_hints(member)
+        choices: list[list[object]] = []
+        for p in list(inspect.signature(member).parameters.values())[1:]:
+            hint = hints[p.name]
+            if typing.get_origin(hint) is typing.Literal:
+                choices.append(list(typing.get_args(hint)))
+            else:
+                choices.append([0 if hint is int else f"{{{p.name}}}"])
+        out += [(name, member(n, *args)) for args in itertools.product(*choices)]
+    return [(k, v) for k, v in out if isinstance(v, str)]
+
+
+def _tokens_match(pattern: str, address: str) -> bool:
+    """Whether NATS subject ``pattern`` (``*``, ``>``) covers ``address``; a ``{param}`` is any one token."""
+    want, have = pattern.split("."), address.split(".")
+    for i, w in enumerate(want):
+        if w == ">":
+            return len(have) > i
+        if i >= len(have):
+            return False
+        if w != "*" and w != have[i] and not (have[i].startswith("{") and w.startswith("{")):
+            return False
+    return len(want) == len(have)
+
+
+def test_every_subject_and_bucket_loopwire_uses_is_a_channel() -> None:
+    # Every subject a service publishes or subscribes to comes from shared.subjects.Names: each must be a
+    # channel's address (a wildcard one must cover one), and each KV bucket must have its keys' channel.
+    doc = yaml.safe_load(ASYNCAPI.read_text())
+    addresses = [c["address"] for c in doc["channels"].values() if c.get("address")]
+    found = _names_subjects()
+    assert {"ctl", "hist", "live", "commit", "api", "work", "tool", "toolctl", "tools_bucket"} <= {k for k, _ in found}
+    missing = []
+    for member, value in found:
+        if value.startswith("{prefix}."):
+            if not any(_tokens_match(value, a) for a in addresses):
+                missing.append(f"{member}: {value}")
+        elif member.endswith("_bucket") and not any(a.startswith(f"$KV.{value}.") for a in addresses):
+            missing.append(f"{member}: $KV.{value}.>")
+    assert missing == [], "subjects with no channel in docs/asyncapi.yaml"
+
+
+def test_the_subject_matcher_tells_channels_apart() -> None:
+    assert _tokens_match("{prefix}.ctl.{loop_id}", "{prefix}.ctl.{loop_id}")
+    assert _tokens_match("{prefix}.api.*.*", "{prefix}.api.{loop_id}.start")
+    assert _tokens_match("{prefix}.hist.>", "{prefix}.hist.{loop_id}")
+    assert not _tokens_match("{prefix}.ctl.{loop_id}", "{prefix}.live.{loop_id}")
+    assert not _tokens_match("{prefix}.api.*.*", "{prefix}.api.{loop_id}")
