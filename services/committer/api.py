@@ -1,4 +1,4 @@
-"""The loop API: ``lw.api.<loop_id>.<verb>`` (start, input, interrupt, answer, close, budget).
+"""The loop API: ``lw.api.<loop_id>.<verb>`` (start, input, interrupt, answer, close, fork, budget).
 
 Each command is a read-modify-write of the loop's folded history: fold (cached; only the tail is
 read), decide, append with OCC at the folded ``last_seq``; on a conflict read the tail and decide
