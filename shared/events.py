@@ -324,7 +324,7 @@ class ContextCompacted(Event):
 
     upto: Annotated[int, msgspec.Meta(ge=1)] = 1
     previous_upto: Count = 0
-    summary: NonEmpty = "(summary)"
+    summary: NonBlank = "(summary)"
     tokens_before: Count = 0
     tokens_after: Count = 0
     model: Annotated[str, msgspec.Meta(max_length=512)] = ""

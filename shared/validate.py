@@ -26,6 +26,7 @@ from shared.content import (
     ToolUseBlock,
     UserMessage,
 )
+from shared.decoderrules import BACKOFF_ORDERED, COMPACTION_ADVANCES, NOT_OWN_PARENT, NOT_OWN_SOURCE
 from shared.errors import InvalidEventError, Rule
 from shared.eventkinds import Class, Profile
 from shared.events import Event
@@ -229,13 +230,17 @@ def _loop_started(name: str, e: Event, strict: bool = True) -> None:
         isinstance(k, str) and TOOL_NAME_RE.match(k) and _retry_ok(v) for k, v in e.retries.items()
     ):
         raise _fail(name, "retries", Rule.INVALID)
-    if e.parent is not None and not _parent_ok(e.parent, e.loop_id):
+    if any(r.initial_backoff_seconds > r.max_backoff_seconds for r in e.retries.values()):
+        raise BACKOFF_ORDERED.refusal(name)
+    if e.parent is not None and not _parent_ok(e.parent):
         raise _fail(name, "parent", Rule.INVALID)
+    if e.parent is not None and e.parent.loop_id == e.loop_id:
+        raise NOT_OWN_PARENT.refusal(name)
 
 
-def _parent_ok(parent: object, loop_id: str) -> bool:
-    """A child loop names its parent's call by all its ids, and is not its own parent."""
-    if not isinstance(parent, ev.ParentRef) or parent.loop_id == loop_id:
+def _parent_ok(parent: object) -> bool:
+    """A child loop names its parent's call by all its ids."""
+    if not isinstance(parent, ev.ParentRef):
         return False
     ids = (parent.loop_id, parent.turn_id, parent.step_id, parent.tool_execution_id)
     name = parent.tool_name
@@ -250,7 +255,7 @@ def _retry_ok(r: object) -> bool:
     if not isinstance(r.retry_on, list) or not all(o in RETRYABLE_OUTCOMES for o in r.retry_on):
         return False
     lo, hi = r.initial_backoff_seconds, r.max_backoff_seconds
-    return all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 <= lo <= hi <= 3600
+    return all(isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x <= 3600 for x in (lo, hi))
 
 
 def _user_message(name: str, field: str, message: object, strict: bool = True) -> None:
@@ -343,8 +348,8 @@ def _turn_done(name: str, e: Event, strict: bool = True) -> None:
 
 def _context_compacted(name: str, e: Event, strict: bool = True) -> None:
     assert isinstance(e, ev.ContextCompacted)
-    if e.previous_upto >= e.upto:  # a summary covers more than the one before it
-        raise _fail(name, "upto", Rule.INVALID)
+    if e.previous_upto >= e.upto:
+        raise COMPACTION_ADVANCES.refusal(name)
     if not e.summary.strip():
         raise _fail(name, "summary", Rule.REQUIRED)
 
@@ -438,7 +443,7 @@ def _loop_forked(name: str, e: Event, strict: bool = True) -> None:
     if not is_uuid(e.source_loop_id):
         raise _fail(name, "source_loop_id", Rule.INVALID)
     if e.source_loop_id == e.loop_id:
-        raise _fail(name, "source_loop_id", Rule.INVALID)
+        raise NOT_OWN_SOURCE.refusal(name)
     _distinct_keys(name, "reexecution", e.reexecution)
     _distinct_keys(name, "changes", e.changes.policy if e.changes is not None else None)
 
