@@ -57,3 +57,19 @@ def test_a_server_without_loopwire_is_said_to_be_one(bare_server: NatsServer, ar
     line = one_error_line(done)
     assert f"no loopwire deployment at {bare_server.url} (no stream LW_HISTORY; another LW_PREFIX?)" in line
     assert "no loops yet" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["loops"], ["serve", "committer"], ["serve", "tool", "calculator"], ["-m", "services.tools", "calculator"]],
+    ids=" ".join,
+)
+def test_a_url_of_another_scheme_is_named_not_looked_up(argv: list[str]) -> None:
+    """nats-py takes ``http://host`` for a host name: the refusal names the scheme instead of a DNS failure."""
+    with natsfixtures.own_server() as server:
+        url = server.url.replace("nats://", "http://")
+        env = {**os.environ, "LW_NATS_URL": url}
+        command = [sys.executable, *argv] if argv[0] == "-m" else [LOOPWIRE, *argv]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    line = one_error_line(done)
+    assert line.startswith(f"error: LW_NATS_URL: {url!r} is not a NATS URL (scheme http://; NATS URLs are nats://")
