@@ -1,7 +1,8 @@
 """The ``loopwire`` command line: the argument parser (one function per command) and the entry point.
 
 Every sub-command is bound to its handler (``set_defaults(handler=...)``, see :mod:`services.cli.handlers`).
-Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
+Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error (one such line too,
+see :mod:`services.cli.parsing`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from services.cli.parsing import Parser
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
@@ -22,7 +24,7 @@ PROG: Final = "loopwire"
 
 Handler = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
-    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+    Commands: TypeAlias = argparse._SubParsersAction[Parser]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -60,12 +62,8 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line) instead of text")
 
 
-def _command(
-    sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True
-) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
-        name, help=help_, description=description or help_, formatter_class=_Formatter
-    )
+def _command(sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True) -> Parser:
+    p: Parser = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
     if connects:
         _connection_options(p, top=False)
     return p
@@ -74,7 +72,7 @@ def _command(
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         formatter_class=_Formatter,
         description="loopwire: LLM agent loops as a distributed system on NATS.\n\n"
