@@ -311,7 +311,7 @@ def _add_send(sub: Commands) -> None:
 
     p = _command(sub, "send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    p.add_argument("text", metavar="TEXT", help="the user's message")
+    p.add_argument("text", metavar="TEXT", help="the user's message; - reads it from standard input")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
     _json_option(p)
@@ -368,21 +368,21 @@ def _add_answers(sub: Commands) -> None:
     from services.cli import gatecmds
 
     p = _command(sub, "approve", "approve a permission gate")
-    p.add_argument("gate", metavar="GATE", help="gate id (see loopwire gates)")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it (see loopwire gates)")
     p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_approve))
 
     p = _command(sub, "deny", "deny a permission gate")
-    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("--reason", help="why (shown to the model)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_deny))
 
     p = _command(sub, "reply", "answer a question gate (ask_user)")
-    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
@@ -392,12 +392,22 @@ def _add_answers(sub: Commands) -> None:
 def _add_interrupt_and_close(sub: Commands) -> None:
     from services.cli import loopcmds
 
-    p = _command(sub, "interrupt", "interrupt a loop's running turn")
+    p = _command(
+        sub,
+        "interrupt",
+        "interrupt a loop's running turn",
+        "Interrupt LOOP's running turn (exit 1, nothing written, when none runs).",
+    )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_interrupt))
 
-    p = _command(sub, "close", "close a loop (no more input)")
+    p = _command(
+        sub,
+        "close",
+        "close a loop (no more input)",
+        "Close LOOP: no more input (exit 1, nothing written, when it is closed already).",
+    )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_close))
