@@ -25,6 +25,21 @@ from shared.settings import Settings
 
 # The last resort for a stop while no NATS server answers: every service stops within 5 s of SIGTERM.
 STOP_WITHOUT_BROKER_SECONDS: Final = 4.5
+# A signal this soon after the first is the same stop, not a second one (which exits at once): GNU
+# timeout sends its SIGTERM both to the child and to the child's process group, and a Ctrl-C in a
+# shell reaches every process of the group a supervisor may signal too. A person's second Ctrl-C
+# comes later than this.
+SAME_STOP_SECONDS: Final = 0.3
+
+
+def env_settings(**overrides: object) -> Settings:
+    """The environment's settings; a bad value ends the process with one ``error:`` line and status 1
+    (a service refuses to start on it, never with a traceback)."""
+    try:
+        return Settings.from_env(None, **overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def setup_logging(settings: Settings, name: str) -> None:
@@ -107,9 +122,14 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
 async def _cancel_on_signal(
     signals: AsyncIterator[int], scope: anyio.CancelScope, log: logging.Logger, settings: Settings, tg: TaskGroup
 ) -> None:
+    first: float | None = None
     async for _ in signals:
-        if scope.cancel_called:
+        now = anyio.current_time()
+        if first is not None:
+            if now - first < SAME_STOP_SECONDS:
+                continue  # one stop sent twice
             _exit_now(log, "stopped at once (a second signal): nothing was drained")
+        first = now
         log.info("stopping (signal)")
         scope.cancel()
         tg.start_soon(let_go_of_silent)

@@ -58,6 +58,26 @@ def parse_list(name: str, raw: str) -> tuple[str, ...]:
     return split_list(raw)
 
 
+# The URL schemes nats-py connects with (a URL without one is nats://). Any other is refused by
+# name here: nats-py would take ``http://host`` for a host name and report a DNS failure.
+NATS_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+
+
+def check_nats_urls(name: str, urls: tuple[str, ...]) -> tuple[str, ...]:
+    for url in urls:
+        scheme = url.split("://", 1)[0] if "://" in url else "nats"
+        if scheme.lower() not in NATS_SCHEMES:
+            raise ValueError(
+                f"{name}: {url[:80]!r} is not a NATS URL (scheme {scheme}://; NATS URLs are "
+                f"{', '.join(s + '://' for s in NATS_SCHEMES)}HOST:PORT)"
+            )
+    return urls
+
+
+def parse_nats_urls(name: str, raw: str) -> tuple[str, ...]:
+    return check_nats_urls(name, split_list(raw))
+
+
 def parse_int(name: str, raw: str) -> int:
     try:
         return int(raw)
@@ -158,7 +178,7 @@ def setting(
 @dataclass(frozen=True, slots=True)
 class Settings:
     nats_urls: tuple[str, ...] = setting(
-        "LW_NATS_URL", ("nats://127.0.0.1:4222",), "NATS server URL(s), comma-separated"
+        "LW_NATS_URL", ("nats://127.0.0.1:4222",), "NATS server URL(s), comma-separated", parse=parse_nats_urls
     )
     nats_user: str = setting("LW_NATS_USER", "", "NATS user name (with LW_NATS_PASSWORD)")
     nats_password: str = setting("LW_NATS_PASSWORD", "", "NATS password", secret=True)
@@ -304,6 +324,8 @@ class Settings:
             raw = e.get(var.name, "").strip()
             if raw and var.parse is not None:
                 values[attr] = var.parse(var.name, raw)
+        if "nats_urls" in overrides:  # given on a command line
+            check_nats_urls("--nats-url", tuple(overrides["nats_urls"]))  # type: ignore[arg-type]
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 

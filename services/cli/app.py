@@ -1,7 +1,8 @@
 """The ``loopwire`` command line: the argument parser (one function per command) and the entry point.
 
 Every sub-command is bound to its handler (``set_defaults(handler=...)``, see :mod:`services.cli.handlers`).
-Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error, 130 interrupted.
+Exit status: 0 ok, 1 an error (printed as one ``error: ...`` line), 2 a usage error (one such line too,
+see :mod:`services.cli.parsing`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from services.cli.parsing import Parser
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
@@ -22,7 +24,7 @@ PROG: Final = "loopwire"
 
 Handler = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
-    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+    Commands: TypeAlias = argparse._SubParsersAction[Parser]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -60,12 +62,8 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line) instead of text")
 
 
-def _command(
-    sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True
-) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
-        name, help=help_, description=description or help_, formatter_class=_Formatter
-    )
+def _command(sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True) -> Parser:
+    p: Parser = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
     if connects:
         _connection_options(p, top=False)
     return p
@@ -74,7 +72,7 @@ def _command(
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         formatter_class=_Formatter,
         description="loopwire: LLM agent loops as a distributed system on NATS.\n\n"
@@ -313,7 +311,7 @@ def _add_send(sub: Commands) -> None:
 
     p = _command(sub, "send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    p.add_argument("text", metavar="TEXT", help="the user's message")
+    p.add_argument("text", metavar="TEXT", help="the user's message; - reads it from standard input")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
     _json_option(p)
@@ -370,21 +368,21 @@ def _add_answers(sub: Commands) -> None:
     from services.cli import gatecmds
 
     p = _command(sub, "approve", "approve a permission gate")
-    p.add_argument("gate", metavar="GATE", help="gate id (see loopwire gates)")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it (see loopwire gates)")
     p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_approve))
 
     p = _command(sub, "deny", "deny a permission gate")
-    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("--reason", help="why (shown to the model)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_deny))
 
     p = _command(sub, "reply", "answer a question gate (ask_user)")
-    p.add_argument("gate", metavar="GATE", help="gate id")
+    p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
     _json_option(p)
@@ -394,12 +392,22 @@ def _add_answers(sub: Commands) -> None:
 def _add_interrupt_and_close(sub: Commands) -> None:
     from services.cli import loopcmds
 
-    p = _command(sub, "interrupt", "interrupt a loop's running turn")
+    p = _command(
+        sub,
+        "interrupt",
+        "interrupt a loop's running turn",
+        "Interrupt LOOP's running turn (exit 1, nothing written, when none runs).",
+    )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_interrupt))
 
-    p = _command(sub, "close", "close a loop (no more input)")
+    p = _command(
+        sub,
+        "close",
+        "close a loop (no more input)",
+        "Close LOOP: no more input (exit 1, nothing written, when it is closed already).",
+    )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_close))

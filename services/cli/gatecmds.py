@@ -9,7 +9,7 @@ from rich.table import Table
 
 from services.cli.errors import CliError
 from services.cli.folds import GateInfo, fold_loop, gates_of
-from services.cli.ids import loop_ref, require_uuid, resolve_loop
+from services.cli.ids import gate_ref, loop_ref, pick, require_known_loop, resolve_loop
 from services.cli.output import cells, make_console, out
 from services.cli.render import json_line, short
 from services.cli.session import session
@@ -18,21 +18,39 @@ from shared.forking import descendants, origins
 from shared.replay import loops
 from shared.settings import Settings
 from shared.subjects import Names
+from shared.validate import is_uuid
 from shared.wiretypes import AnswerAction
 
 
-async def find_gate_loop(nc: NATS, names: Names, gate_id: str) -> str:
-    """The loop that has gate ``gate_id`` (open ones first)."""
-    resolved_in = ""
+def _pick_gate(ref: str, open_: dict[str, str], other: dict[str, str]) -> tuple[str, str]:
+    """(loop id, gate id) of the gate ``ref`` names among gates mapped to their loops: an open gate
+    first (tables list open ones), else a closed one (the committer then says it is no longer open)."""
+    pool = open_ if any(g.startswith(ref) for g in open_) else other
+    gate_id = pick(ref, pool, "GATE", "gate", "loopwire gates")
+    return pool[gate_id], gate_id
+
+
+async def find_gate(nc: NATS, names: Names, ref: str) -> tuple[str, str]:
+    """(loop id, gate id) of the gate ``ref`` (a whole id or a unique prefix of one) names, by scanning loops."""
+    open_: dict[str, str] = {}
+    other: dict[str, str] = {}
     for loop_id in await loops(nc, names):
         h, _ = await fold_loop(nc, names, loop_id)
-        if h.gate_is_open(gate_id):
-            return loop_id
-        if gate_id in h.gates:
-            resolved_in = loop_id
-    if resolved_in:
-        return resolved_in  # the committer answers that the gate is closed
-    raise CliError(f"no loop has a gate {gate_id} (give --loop if it is new)")
+        for gate_id in h.gates:
+            if gate_id.startswith(ref):
+                (open_ if h.gate_is_open(gate_id) else other)[gate_id] = loop_id
+    if not open_ and not other and is_uuid(ref):
+        raise CliError(f"no loop has a gate {ref} (give --loop if it is new)")
+    return _pick_gate(ref, open_, other)
+
+
+async def find_gate_in(nc: NATS, names: Names, loop_id: str, ref: str) -> str:
+    """The gate id of ``loop_id`` that ``ref`` names (a whole id goes to the committer as it is)."""
+    if is_uuid(ref):
+        return ref
+    h, _ = await fold_loop(nc, names, loop_id)
+    open_ = {g: loop_id for g in h.gates if h.gate_is_open(g)}
+    return _pick_gate(ref, open_, {g: loop_id for g in h.gates})[1]
 
 
 async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
@@ -40,6 +58,7 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings) as nc:
         if args.loop:
             target = await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))
+            await require_known_loop(nc, settings, target)  # not "no open gates" for a loop that is not there
             # A sub-agent's gates wait in its parent's inbox: the loop's child loops are listed too.
             ids = [target, *descendants(await origins(nc, settings.names, await loops(nc, settings.names)), target)]
         else:
@@ -81,13 +100,14 @@ async def cmd_gates(args: argparse.Namespace, settings: Settings) -> int:
 async def _answer(
     args: argparse.Namespace, settings: Settings, action: AnswerAction, *, text: str = "", reason: str = ""
 ) -> int:
-    gate_id = require_uuid(args.gate, "GATE")
+    ref = gate_ref(args.gate)
     async with session(settings) as nc:
         names = settings.names
         if args.loop:
             loop_id = await resolve_loop(nc, settings, loop_ref(args.loop, "--loop"), "--loop")
+            gate_id = await find_gate_in(nc, names, loop_id, ref)
         else:
-            loop_id = await find_gate_loop(nc, names, gate_id)
+            loop_id, gate_id = await find_gate(nc, names, ref)
         res = await LoopClient(nc, names).answer(loop_id, gate_id, action, text=text, reason=reason)
     if args.json:
         out(json_line({"loop_id": loop_id, "gate_id": gate_id, "action": action, "seq": res.seq}))

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from services.cli.errors import CliError
 from services.cli.folds import fold_loop
-from services.cli.ids import loop_ref, resolve_loop
+from services.cli.ids import loop_ref, require_known_loop, resolve_loop
 from services.cli.output import make_console, out
 from services.cli.render import clock_of, describe, event_json, short
 from services.cli.session import session
@@ -70,6 +70,8 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
 
     async with session(settings) as nc:
         loop_id = await resolve_loop(nc, settings, ref) if ref else ""
+        if loop_id:
+            await require_known_loop(nc, settings, loop_id)  # else it would wait in silence for ever
         await nc.subscribe(names.live(loop_id) if loop_id else names.live_all, cb=on_live)
 
         async def follow_one() -> None:

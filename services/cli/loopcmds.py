@@ -84,12 +84,17 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     ref = loop_ref(args.loop, "LOOP")
-    if not args.text.strip():
+    text = args.text
+    if text == "-":  # as CLIs do: the text from standard input (a piped file keeps its lines, not its last newline)
+        text = sys.stdin.read().rstrip("\n")
+        if not text.strip():
+            raise CliError("TEXT must not be empty (standard input held none)")
+    if not text.strip():
         raise CliError("TEXT must not be empty")
     async with session(settings) as nc:
         names = settings.names
         loop_id = await resolve_loop(nc, settings, ref)
-        res = await LoopClient(nc, names).input(loop_id, args.text)
+        res = await LoopClient(nc, names).input(loop_id, text)
         if not args.wait:
             if args.json:
                 out(json_line({"loop_id": loop_id, "seq": res.seq, "command_id": res.command_id}))

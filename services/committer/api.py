@@ -319,8 +319,13 @@ class LoopApi:
         if seq is not None:
             return Outcome(seq=seq, signal_work=True)
         self._require_loop(h)
+        # Refused, not answered ok: a caller told "done" would believe it stopped something.
+        if h.closed:
+            raise WireError(ErrorKind.CLOSED, f"the loop is closed (at seq {h.closed_seq}): no turn to interrupt")
         if h.open_turn is None:
-            return Outcome(seq=h.last_seq)  # nothing to interrupt
+            raise WireError(
+                ErrorKind.CONFLICT, "no turn is running (the loop is idle): nothing to interrupt", last_seq=h.last_seq
+            )
         return Outcome(events=self._abandon_turn(h, loop_id, "interrupt", "interrupted"), signal_work=True)
 
     def _answer(self, h: LoopHistory, loop_id: str, req: AnswerRequest) -> Outcome:
@@ -384,7 +389,7 @@ class LoopApi:
             return Outcome(seq=seq)
         self._require_loop(h)
         if h.closed:
-            return Outcome(seq=h.closed_seq)  # already closed: nothing left to do
+            raise WireError(ErrorKind.CLOSED, f"the loop is closed already (at seq {h.closed_seq})")
         events = self._abandon_turn(h, loop_id, "close", "closed")
         events.append(LoopClosed(loop_id=loop_id))
         return Outcome(events=events)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.runner import run_service
-from shared.settings import ENV_VARS, Settings
+from services.runner import env_settings, run_service
+from shared.settings import ENV_VARS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     from services.model_step.service import ModelStepService
 
-    settings = Settings.from_env()
+    settings = env_settings()
     return run_service("model-step", ModelStepService(settings), settings)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.runner import run_service
+from services.runner import env_settings, run_service
 from services.tools.builtins import BUILTINS
 from services.tools.service import ToolService, resolve_tools
-from shared.settings import ENV_VARS, Settings
+from shared.settings import ENV_VARS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         tools = resolve_tools(args.tools)
     except (ValueError, ImportError, AttributeError) as e:
         parser.error(str(e))
-    settings = Settings.from_env()
+    settings = env_settings()
     return run_service("tools", ToolService(tools, settings), settings)
 
 

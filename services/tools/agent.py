@@ -217,7 +217,7 @@ async def _stop(lc: LoopClient, child: str, eid: str) -> None:
             else:
                 await lc.close(child, command_id=child_command_id(eid, verb))
         except RemoteError:
-            continue  # never started (not found) or already closed: nothing more to stop
+            continue  # never started (not found), idle (no turn to interrupt) or closed: nothing more to stop
 
 
 def _result(name: str, child: str, outcome: TurnOutcome) -> ToolOutput:

@@ -15,7 +15,7 @@ from services.lifecycle import let_go
 from services.tools.sdk import Tool
 from services.tools.worker import Worker
 from shared.connect import connect
-from shared.settings import Settings, split_list
+from shared.settings import Settings, check_nats_urls, split_list
 
 
 def resolve_tools(specs: Sequence[str]) -> list[Tool]:
@@ -65,9 +65,9 @@ def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: 
     Configuration comes from the environment (``LW_NATS_URL``, ``LW_PREFIX``, ...); ``nats_url``
     overrides the server list.
     """
-    from services.runner import run_service
+    from services.runner import env_settings, run_service
 
-    s = settings or Settings.from_env()
+    s = settings or env_settings()
     if nats_url:
-        s = dataclasses.replace(s, nats_urls=split_list(nats_url))
+        s = dataclasses.replace(s, nats_urls=check_nats_urls("nats_url", split_list(nats_url)))
     return run_service("tools", ToolService(tools, s), s)

@@ -57,3 +57,41 @@ def test_a_server_without_loopwire_is_said_to_be_one(bare_server: NatsServer, ar
     line = one_error_line(done)
     assert f"no loopwire deployment at {bare_server.url} (no stream LW_HISTORY; another LW_PREFIX?)" in line
     assert "no loops yet" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["loops"], ["serve", "committer"], ["serve", "tool", "calculator"], ["-m", "services.tools", "calculator"]],
+    ids=" ".join,
+)
+def test_a_url_of_another_scheme_is_named_not_looked_up(argv: list[str]) -> None:
+    """nats-py takes ``http://host`` for a host name: the refusal names the scheme instead of a DNS failure."""
+    with natsfixtures.own_server() as server:
+        url = server.url.replace("nats://", "http://")
+        env = {**os.environ, "LW_NATS_URL": url}
+        command = [sys.executable, *argv] if argv[0] == "-m" else [LOOPWIRE, *argv]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    line = one_error_line(done)
+    assert line.startswith(f"error: LW_NATS_URL: {url!r} is not a NATS URL (scheme http://; NATS URLs are nats://")
+
+
+BAD_LINES = [
+    ["start", "--max-cost-usd", "abc"],
+    ["start", "--max-total-tokens", "12k"],
+    ["budget", "abcd", "--max-steps-per-turn", "1.5"],
+    ["start", "--context-window", "abc"],
+    ["start", "--on-budget", "maybe"],
+    ["start", "--reexecute", "calculator=reuse"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_LINES, ids=" ".join)
+def test_a_bad_command_line_is_one_error_line_with_a_server_or_none(bare_server: NatsServer, args: list[str]) -> None:
+    for url in (bare_server.url, f"nats://127.0.0.1:{free_port()}"):
+        done, _ = run(url, *args)
+        assert done.returncode == 2 and done.stdout == "", (url, done)
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: loopwire {args[0]}: "), done.stderr
+        assert "usage:" not in done.stderr and "Traceback" not in done.stderr
+    if "--reexecute" in args:
+        assert "--reexecute is an option of loopwire fork" in lines[0]

@@ -197,7 +197,9 @@ async def test_input_idempotent_unknown_and_closed(committer: Settings, nc: NATS
         await api.input(loop.loop_id, "too late")
     # a repeat of a command that was accepted before the close still answers its original seq
     assert (await api.input(loop.loop_id, "hello", command_id=first.command_id)).seq == first.seq
-    assert (await api.close(loop.loop_id)).seq == closed.seq
+    assert (await api.close(loop.loop_id, command_id=closed.command_id)).seq == closed.seq  # a repeat
+    with pytest.raises(ClosedError, match="closed already"):  # another close: nothing left to do, refused
+        await api.close(loop.loop_id)
     kinds = [type(e).__name__ for e in await events(nc, committer, loop.loop_id)]
     assert kinds == ["LoopStarted", "InputSubmitted", "InputSubmitted", "LoopClosed"]
 
@@ -223,8 +225,9 @@ async def test_concurrent_inputs_through_two_committers(nc: NATS, settings: Sett
 
 async def test_interrupt_abandons_open_gates_atomically(committer: Settings, nc: NATS, api: LoopClient) -> None:
     loop = await api.start()
-    idle = await api.interrupt(loop.loop_id)  # no open turn: a no-op
-    assert idle.seq == loop.seq
+    with pytest.raises(ConflictError, match="no turn is running") as idle:  # nothing to interrupt: refused
+        await api.interrupt(loop.loop_id)
+    assert idle.value.body.last_seq == loop.seq
     assert len(await events(nc, committer, loop.loop_id)) == 1
     turn, gates = await open_turn_with_gates(nc, committer, loop.loop_id, 2)
     res = await api.interrupt(loop.loop_id)

@@ -130,7 +130,7 @@ LOOP_REF = "a loop id or the start of one (4+ of 0-9 a-f)"
     [
         (["history", "not-a-uuid"], f"error: LOOP must be {LOOP_REF}, got 'not-a-uuid'"),
         (["send", "NOPE", "hi"], f"error: LOOP must be {LOOP_REF}, got 'NOPE'"),
-        (["approve", "x"], "error: GATE must be a UUID, got 'x'"),
+        (["approve", "x"], "error: GATE must be a gate id or the start of one (4+ of 0-9 a-f), got 'x'"),
         (["start", "--policy", "clock"], "error: --policy wants TOOL=allow|deny|ask (TOOL may be *), got 'clock'"),
         (["schema", "--check"], "error: --check needs --out and/or --asyncapi"),
     ],

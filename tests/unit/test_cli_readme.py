@@ -70,3 +70,20 @@ def test_the_command_table_lists_every_command() -> None:
     )
     assert commands <= listed, commands - listed
     assert "`loopwire serve mcp " in table
+
+
+def test_the_layout_lists_every_example() -> None:
+    layout = README[README.index("## Repository layout") :]
+    line = next(x for x in layout.splitlines() if x.startswith("examples/"))
+    listed = set(re.findall(r"[\w-]+\.py", line))
+    assert listed == {p.name for p in (ROOT / "examples").glob("*.py")}, line
+
+
+def test_the_shell_examples_write_no_file_into_the_checkout() -> None:
+    # A file a reader's shell writes from a README example lands in the repository they run it from:
+    # only temporary files (a variable set from mktemp) or /dev/null.
+    for block in _blocks("bash"):
+        for line in block.splitlines():
+            command = line.split("  #")[0]
+            for target in re.findall(r"(?<![0-9&>])>>?\s*([^\s&|;]+)", command):
+                assert target.startswith(('"$', "$", "/dev/")), line

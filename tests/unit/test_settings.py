@@ -72,3 +72,14 @@ def test_overrides_by_field_name() -> None:
     assert (s.prefix, s.nats_urls) == ("b", ("nats://x:1", "nats://y:2"))
     with pytest.raises(TypeError, match="unknown settings"):
         Settings.from_env({}, no_such_setting=1)
+
+
+def test_a_nats_url_names_a_scheme_nats_py_speaks() -> None:
+    urls = "nats://a:1, tls://b:2,ws://c:3,wss://d:4,e:5,NATS://f:6"
+    assert len(Settings.from_env({"LW_NATS_URL": urls}).nats_urls) == 6
+    for env, overrides, name in [
+        ({"LW_NATS_URL": "nats://a:1,http://127.0.0.1:4222"}, {}, "LW_NATS_URL"),
+        ({}, {"nats_urls": ("https://x",)}, "--nats-url"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name}: '\w+://[^']+' is not a NATS URL \(scheme \w+://;"):
+            Settings.from_env(env, **overrides)
