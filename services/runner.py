@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from services.lifecycle import Service, let_go_of_silent, raise_single
 from shared import logfmt, metrics, telemetry
 from shared.connect import broker_reachable
-from shared.errors import NatsUnreachableError
+from shared.errors import LoopwireError, NatsUnreachableError
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
 from shared.settings import Settings
@@ -92,8 +92,10 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
     telemetry.configure(name)
     metrics.serve(settings.metrics_port)
     log = logging.getLogger(name)
+    ready = False
 
     async def main() -> None:
+        nonlocal ready
         # Caught from the start: a signal during start-up stops the service too (never abruptly).
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             stop = anyio.CancelScope()
@@ -102,6 +104,7 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
                 with stop:
                     async with anyio.create_task_group() as tg:
                         await tg.start(service.run)
+                        ready = True
                         print(READY_LINE, flush=True)
                         log.info("ready")
                 watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
@@ -113,6 +116,11 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
         return 130
     except NatsUnreachableError as e:
         log.error("%s", e)  # one line: the connection's own attempts were logged as they failed
+        return 1
+    except LoopwireError as e:
+        # A typed refusal (the deployment does not fit the settings, JetStream refused a stream, no
+        # deployment at all) already says what is wrong: one line, no traceback, exit 1.
+        log.error("%s: %s", "stopped" if ready else "cannot start", e)
         return 1
     finally:
         telemetry.shutdown()

@@ -21,6 +21,8 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── JetStreamUnavailableError         shared.jserrors: no answer from JetStream
     ├── PayloadTooLargeError              shared.jserrors: over the server's max_payload
     ├── IncompatibleConfigError           shared.jserrors: a stream or bucket exists, configured otherwise
+    ├── StreamSetupError                  shared.jserrors: JetStream refused to create a stream or bucket
+    ├── NoDeploymentError                 the NATS server holds no loopwire deployment to serve
     ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError
@@ -158,6 +160,11 @@ class NatsServerError(LoopwireError, RuntimeError):
 
 class NatsUnreachableError(LoopwireError):
     """No NATS server took a starting service's connection within ``LW_CONNECT_SECONDS``."""
+
+
+class NoDeploymentError(LoopwireError):
+    """The NATS server holds no loopwire deployment (no history stream under ``LW_PREFIX``, or no
+    JetStream): a service that serves one but does not create it (a tool worker, the console) refuses."""
 
 
 class ServiceStartError(LoopwireError, RuntimeError):

@@ -23,6 +23,7 @@ ERR_INSUFFICIENT_RESOURCES: Final = 10023
 ERR_NO_MESSAGE: Final = 10037
 ERR_STREAM_NOT_FOUND: Final = 10059
 ERR_STREAM_NAME_IN_USE: Final = 10058
+ERR_REPLICAS_NOT_CLUSTERED: Final = 10074  # "replicas > 1 not supported in non-clustered mode"
 
 # Conditions that go away by themselves (leader elections, in-flight proposals): retry as-is.
 RETRYABLE_ERR_CODES: Final = frozenset(
@@ -78,3 +79,15 @@ class IncompatibleConfigError(LoopwireError):
         self.differences = dict(differences)
         diff = "; ".join(f"{k}: want {w!r}, have {h!r}" for k, (w, h) in sorted(self.differences.items()))
         super().__init__(f"{name} exists with an incompatible configuration ({diff})")
+
+
+class StreamSetupError(LoopwireError):
+    """JetStream refused to create a stream or bucket for a reason that waiting does not change."""
+
+    def __init__(self, name: str, err_code: int, description: str, replicas: int = 1) -> None:
+        self.name = name
+        self.err_code = err_code
+        hint = ""
+        if err_code == ERR_REPLICAS_NOT_CLUSTERED:
+            hint = f"; LW_REPLICAS={replicas} needs a JetStream cluster of at least {replicas} nodes"
+        super().__init__(f"JetStream refused to create {name} (error {err_code}: {description}){hint}")

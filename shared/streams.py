@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 
 from shared import shards
 from shared.backoff import Backoff
+from shared.errors import NoDeploymentError
 from shared.jserrors import (
     ERR_INSUFFICIENT_RESOURCES,
     ERR_JS_UNAVAILABLE,
@@ -26,6 +27,7 @@ from shared.jserrors import (
     ERR_STREAM_NAME_IN_USE,
     IncompatibleConfigError,
     JetStreamUnavailableError,
+    StreamSetupError,
 )
 from shared.settings import Settings
 from shared.shards import META_GREW, META_SHARDS
@@ -144,10 +146,10 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig, keys: Se
     if info is None:
         try:
             return await _with_leader(js, await js.add_stream(config))
-        except nats.js.errors.BadRequestError as e:
+        except nats.js.errors.APIError as e:
             # Lost a creation race (another service created it first): verify what it created.
             if e.err_code != ERR_STREAM_NAME_IN_USE:
-                raise
+                raise _refusal(e, config.name, config.num_replicas or 1) from None
             info = await _stream_info(js, config.name)
             if info is None:
                 raise
@@ -206,9 +208,9 @@ async def ensure_kv(
     if info is None:
         try:
             return await js.create_key_value(bucket=bucket, history=history, ttl=ttl, replicas=replicas)
-        except nats.js.errors.BadRequestError as e:
+        except nats.js.errors.APIError as e:
             if e.err_code != ERR_STREAM_NAME_IN_USE:
-                raise
+                raise _refusal(e, name, replicas) from None
             info = await _stream_info(js, name)
             if info is None:
                 raise
@@ -225,6 +227,14 @@ async def ensure_kv(
     if diff:
         raise IncompatibleConfigError(name, diff)
     return await js.key_value(bucket)
+
+
+def _refusal(e: nats.js.errors.APIError, name: str, replicas: int) -> Exception:
+    """A creation error as it goes on: as itself while it may go away (retried by the callers), else a
+    :class:`StreamSetupError` that names the stream and the reason (a service's one-line refusal)."""
+    if is_transient_setup_error(e):
+        return e
+    return StreamSetupError(name, e.err_code or 0, e.description or type(e).__name__, replicas)
 
 
 # Stream creation errors that mean "not yet": the cluster is still forming (too few peers have
@@ -286,3 +296,46 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
                 ) from e
             log.warning("streams not ready yet (%s); retrying", why)
             await backoff.sleep()
+
+
+# How long a service that serves a deployment but does not create it waits for one to appear: its
+# committer may be starting at the same moment (``loopwire up`` starts every process at once).
+DEPLOYMENT_WAIT_SECONDS: Final = 10.0
+
+
+async def require_deployment(
+    js: JetStreamContext, settings: Settings, *, wait_seconds: float = DEPLOYMENT_WAIT_SECONDS
+) -> None:
+    """Check, creating nothing, that the server holds the deployment ``settings`` describe.
+
+    For the services that serve a deployment without creating it (tool workers, MCP bridges,
+    sub-agents, the console): shard 0's history stream must exist (waited for ``wait_seconds``),
+    else :class:`NoDeploymentError`; its shard count and replicas must be ``LW_SHARDS`` and
+    ``LW_REPLICAS``, else :class:`IncompatibleConfigError` (a one-shard deployment may grow: its
+    committer grows it). A server that cannot tell (a timeout, no permission to ask) is let be:
+    what the service meets next says what is wrong.
+    """
+    name = settings.names.history_stream_of(0)
+    where = ",".join(settings.nats_urls)
+    backoff = Backoff(0.2, 0.5, within=wait_seconds)
+    while True:
+        try:
+            info = await js.stream_info(name)
+            break
+        except nats.js.errors.NotFoundError:
+            why = f"no stream {name}; another LW_PREFIX?"
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+            why = "JetStream is not enabled on that server"
+        except (nats.errors.Error, TimeoutError):
+            return
+        if not backoff.fits():
+            raise NoDeploymentError(f"no loopwire deployment at {where} ({why}); start its committer first")
+        await backoff.sleep()
+    recorded = int(dict(info.config.metadata or {}).get(META_SHARDS, "1"))
+    diff: dict[str, tuple[object, object]] = {}
+    if recorded not in (1, settings.shards):
+        diff["shards (LW_SHARDS)"] = (settings.shards, recorded)
+    if (info.config.num_replicas or 1) != settings.replicas:
+        diff["num_replicas (LW_REPLICAS)"] = (settings.replicas, info.config.num_replicas or 1)
+    if diff:
+        raise IncompatibleConfigError(name, diff)

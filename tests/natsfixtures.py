@@ -14,7 +14,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from shared.connect import connect
 from shared.natsserver import NatsCluster, NatsServer
+from shared.settings import Settings
+from shared.streams import ensure_all
 
 
 def mode() -> str:
@@ -62,3 +65,13 @@ def own_cluster() -> Iterator[NatsCluster]:
 
 def unique_prefix() -> str:
     return "t" + uuid.uuid4().hex[:10]
+
+
+async def create_deployment(settings: Settings) -> None:
+    """The streams and buckets of ``settings``' deployment, as its committer creates them (a tool
+    worker started alone refuses to serve a server without them)."""
+    nc = await connect(settings, name="test-deployment")
+    try:
+        await ensure_all(nc.jetstream(timeout=10), settings)
+    finally:
+        await nc.close()

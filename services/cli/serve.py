@@ -104,12 +104,21 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
     return run_service(f"agent:{args.name}", ToolService([tool], settings), settings)
 
 
-async def _reachable(settings: Settings) -> None:
-    """Raise the CLI's "cannot connect to NATS" error unless a server of ``settings`` takes a connection."""
+async def _deployment_checked(settings: Settings) -> None:
+    """Raise the CLI's one-line error unless a server of ``settings`` takes a connection and holds
+    the deployment they describe (waited for a moment: ``loopwire up`` starts its committer alongside)."""
     from services.cli.session import open_nats
     from services.lifecycle import close_quietly
+    from shared.errors import LoopwireError
+    from shared.streams import require_deployment
 
-    await close_quietly(await open_nats(settings, name="loopwire-console-check"))
+    nc = await open_nats(settings, name="loopwire-console-check")
+    try:
+        await require_deployment(nc.jetstream(timeout=5), settings)
+    except LoopwireError as e:
+        raise CliError(str(e)) from None
+    finally:
+        await close_quietly(nc)
 
 
 def run_console(args: argparse.Namespace, settings: Settings) -> int:
@@ -121,9 +130,9 @@ def run_console(args: argparse.Namespace, settings: Settings) -> int:
     if problem:
         raise CliError(problem)
     require_free(args.port, "--port", args.host)
-    # Said at once, in one line: the console would otherwise serve pages about a deployment it
-    # cannot reach while its connection retries in the background.
-    anyio.run(_reachable, settings)
+    # Said at start, in one line: the console would otherwise serve pages about a deployment it
+    # cannot reach, or one that is not there ("waiting for the history stream"), or another one's.
+    anyio.run(_deployment_checked, settings)
     service = ConsoleService(settings, host=args.host, port=args.port, token=token)
     try:
         return run_service("console", service, settings)

@@ -28,7 +28,6 @@ from shared import telemetry
 from shared.connect import connect
 from shared.connection import subscribe_quick
 from shared.errors import ErrorKind
-from shared.jserrors import IncompatibleConfigError
 from shared.protocol import ApiReply as _Reply
 from shared.protocol import ErrorBody, encode
 from shared.settings import Settings
@@ -93,11 +92,7 @@ class CommitterService:
         settings, names = self.settings, self.names
         nc = await connect(settings, name="loopwire-committer")
         try:
-            try:
-                await ensure_all(nc.jetstream(timeout=5), settings)
-            except IncompatibleConfigError as e:
-                log.error("refusing to start: %s", e)
-                raise
+            await ensure_all(nc.jetstream(timeout=5), settings)  # a refusal is the runner's one line
             # A record must fit in one message with its headers, whatever LW_MAX_RECORD_BYTES says.
             max_record = min(settings.max_record_bytes, nc.max_payload - _REQUEST_OVERHEAD)
             appender = Appender(nc, names, retry_seconds=settings.commit_retry_seconds)

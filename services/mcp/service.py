@@ -13,6 +13,7 @@ from services.mcp.bridge import Bridge
 from services.mcp.connect import McpTarget
 from shared.connect import connect
 from shared.settings import Settings
+from shared.streams import require_deployment
 
 
 class McpService:
@@ -38,6 +39,8 @@ class McpService:
             logging.getLogger("httpx2").setLevel(logging.WARNING)
         nc = await connect(self.settings, name=f"mcp-bridge:{self.target.name}"[:128])
         try:
+            # Refused before anything is created or started: a bridge never makes a deployment of its own.
+            await require_deployment(nc.jetstream(), self.settings)
             bridge = Bridge(
                 self.target,
                 self.settings,

@@ -16,6 +16,7 @@ from services.tools.sdk import Tool
 from services.tools.worker import Worker
 from shared.connect import connect
 from shared.settings import Settings, check_nats_urls, split_list
+from shared.streams import require_deployment
 
 
 def resolve_tools(specs: Sequence[str]) -> list[Tool]:
@@ -54,6 +55,8 @@ class ToolService:
         """Serve until cancelled, then drain (calls in flight answer first)."""
         nc = await connect(self.settings, name=f"tool-worker:{self.label}"[:128])
         try:
+            # Refused before anything is created: a worker never makes a deployment of its own.
+            await require_deployment(nc.jetstream(), self.settings)
             await Worker(self.tools, self.settings, nc).run(task_status=task_status)
         finally:
             await let_go(nc)

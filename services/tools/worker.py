@@ -193,7 +193,8 @@ class Worker:
         """Start-up steps on JetStream: it may still be electing leaders, so retry for a while."""
         return await retry(
             fn,
-            on=Exception,
+            # NATS not answering yet; a typed refusal (an incompatible bucket, say) is final.
+            on=(nats.errors.Error, TimeoutError, OSError),
             first=0.2,
             cap=2.0,
             within=START_RETRY_SECONDS,

@@ -19,6 +19,7 @@ from shared.client import LoopClient
 from shared.natsserver import free_port
 from shared.replay import replay
 from shared.settings import Settings
+from tests import natsfixtures
 from tests.integration.committer_fixtures import running_committer
 
 pytestmark = pytest.mark.anyio
@@ -30,6 +31,7 @@ TOKEN = "s3cret-console-token"
 @contextmanager
 def console_process(settings: Settings, token: str) -> Iterator[str]:
     port = free_port()
+    anyio.run(natsfixtures.create_deployment, settings)  # the console refuses a server without one
     with tempfile.TemporaryDirectory(prefix="lw-console-") as d:
         console = Deployment.for_settings(settings, Path(d), env={"LW_CONSOLE_TOKEN": token})
         proc = console.start("console", console_command(port), timeout=30)
@@ -79,49 +81,41 @@ async def commits(client: httpx.AsyncClient, url: str, headers: dict[str, str], 
     raise AssertionError("the stream ended")
 
 
-async def test_console_waits_for_the_history_stream_then_resumes_by_sequence(
-    console: str, settings: Settings, nc: NATS
-) -> None:
-    async with httpx.AsyncClient(base_url=console, timeout=10) as client:
-        r = await client.get("/api/loops")
-        assert r.status_code == 503 and "waiting for the history stream" in r.json()["error"]["message"]
-        page = await client.get(f"/loops/{'0' * 8}-0000-4000-8000-{'0' * 12}")
-        assert page.status_code == 503 and "Not ready" in page.text
+async def test_console_streams_resume_by_sequence(console: str, settings: Settings, nc: NATS) -> None:
+    async with httpx.AsyncClient(base_url=console, timeout=10) as client, running_committer(settings):
+        with anyio.fail_after(10):
+            while (await client.get("/api/loops")).status_code != 200:
+                await anyio.sleep(0.05)
+        api = LoopClient(nc, settings.names)
+        loop_id = (await api.start()).loop_id
+        for k in range(3):
+            await api.input(loop_id, f"input {k}")
+        seqs = [seq async for seq, _ in replay(nc, loop_id, names=settings.names)]
+        assert len(seqs) == 4
+        url = f"/api/loops/{loop_id}/stream"
 
-        async with running_committer(settings):
-            with anyio.fail_after(10):
-                while (await client.get("/api/loops")).status_code != 200:
-                    await anyio.sleep(0.05)
-            api = LoopClient(nc, settings.names)
-            loop_id = (await api.start()).loop_id
-            for k in range(3):
-                await api.input(loop_id, f"input {k}")
-            seqs = [seq async for seq, _ in replay(nc, loop_id, names=settings.names)]
-            assert len(seqs) == 4
-            url = f"/api/loops/{loop_id}/stream"
+        # From the start, from ?after= and from Last-Event-ID (which wins): exactly the later records.
+        assert await commits(client, url, {}, 4) == seqs
+        assert await commits(client, f"{url}?after={seqs[1]}", {}, 2) == seqs[2:]
+        assert await commits(client, f"{url}?after={seqs[0]}", {"Last-Event-ID": str(seqs[2])}, 1) == seqs[3:]
 
-            # From the start, from ?after= and from Last-Event-ID (which wins): exactly the later records.
-            assert await commits(client, url, {}, 4) == seqs
-            assert await commits(client, f"{url}?after={seqs[1]}", {}, 2) == seqs[2:]
-            assert await commits(client, f"{url}?after={seqs[0]}", {"Last-Event-ID": str(seqs[2])}, 1) == seqs[3:]
+        # A record committed while the stream is open arrives once, after the earlier ones.
+        async def later() -> None:
+            await anyio.sleep(0.3)
+            await api.input(loop_id, "later")
 
-            # A record committed while the stream is open arrives once, after the earlier ones.
-            async def later() -> None:
-                await anyio.sleep(0.3)
-                await api.input(loop_id, "later")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(later)
+            got = await commits(client, url, {"Last-Event-ID": str(seqs[-1])}, 1)
+        assert got[0] > seqs[-1]
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(later)
-                got = await commits(client, url, {"Last-Event-ID": str(seqs[-1])}, 1)
-            assert got[0] > seqs[-1]
+        r = await client.get(url, headers={"Last-Event-ID": "abc"})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "Last-Event-ID"
 
-            r = await client.get(url, headers={"Last-Event-ID": "abc"})
-            assert r.status_code == 400 and r.json()["error"]["field"] == "Last-Event-ID"
-
-            listed = (await client.get("/api/loops")).json()
-            assert [s["loop_id"] for s in listed["loops"]] == [loop_id] and listed["loops"][0]["state"] == "running"
-            events = (await client.get(f"/api/loops/{loop_id}/events?limit=2")).json()
-            assert [e["seq"] for e in events["events"]] == [*seqs, got[0]][-2:] and events["more"] is True
+        listed = (await client.get("/api/loops")).json()
+        assert [s["loop_id"] for s in listed["loops"]] == [loop_id] and listed["loops"][0]["state"] == "running"
+        events = (await client.get(f"/api/loops/{loop_id}/events?limit=2")).json()
+        assert [e["seq"] for e in events["events"]] == [*seqs, got[0]][-2:] and events["more"] is True
 
 
 async def test_a_page_of_large_records_is_read_whole_and_cut(console: str, settings: Settings, nc: NATS) -> None:

@@ -27,6 +27,7 @@ from services.toolwire.spec import Registration
 from shared.content import TextBlock
 from shared.settings import Settings
 from shared.subjects import H_REPLY_KIND
+from tests import natsfixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -53,6 +54,7 @@ def fast(settings: Settings) -> Settings:
 
 @asynccontextmanager
 async def worker(settings: Settings, tools: Sequence[Tool]) -> AsyncIterator[None]:
+    await natsfixtures.create_deployment(settings)
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(10):
             await tg.start(ToolService(tools, settings).run)

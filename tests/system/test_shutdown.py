@@ -18,11 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import pytest
 
 from services.deployment import Deployment, console_command, service_command, tool_command
 from shared.natsserver import NatsServer, free_port
 from shared.procs import ServiceProcess
+from shared.settings import Settings
 from tests import natsfixtures
 from tests.mcpfixtures import time_command
 
@@ -90,6 +92,8 @@ def _stop_in_every_state(kind: str) -> dict[str, Stop]:
         servers = {broker: stack.enter_context(_server()) for broker in BROKER}
         services: dict[str, ServiceProcess] = {}
         for broker, server in servers.items():
+            # A tool worker, a bridge and the console serve a deployment only where there is one.
+            anyio.run(natsfixtures.create_deployment, Settings.from_env({}, nats_urls=(server.url,), prefix="stop"))
             on_server = Deployment(_env(server.url), Path(d))
             svc = on_server.process(f"{kind}-{broker}", _kinds()[kind], log_name=f"{broker}.log")
             stack.callback(_discard, svc)

@@ -25,6 +25,7 @@ from services.tools.service import ToolService
 from services.toolwire.protocol import CallIds, ResultBody
 from shared.content import TextBlock
 from shared.settings import Settings
+from tests import natsfixtures
 
 VALID: dict[str, list[dict[str, Any]]] = {
     "calculator": [{"expression": "1+2*(3-4)/5"}, {"expression": "2**10 % 7"}],
@@ -142,6 +143,7 @@ async def test_fuzz_builtins_directly(nc: NATS, fuzz_settings: Settings) -> None
 @pytest.mark.anyio
 async def test_fuzz_builtins_over_nats(nc: NATS, fuzz_settings: Settings) -> None:
     """Through a real worker: every call ends ok (or timed out), the worker never stops answering."""
+    await natsfixtures.create_deployment(fuzz_settings)
     async with anyio.create_task_group() as tg:
         await tg.start(ToolService(list(BUILTINS.values()), fuzz_settings).run)
         async with cl.ToolClient(nc, fuzz_settings.names, heartbeat_seconds=0.2) as client:

@@ -26,6 +26,7 @@ from shared.content import TextBlock, ToolResultMessage
 from shared.events import Event, RawToolUse, ToolCallCompleted, ToolCallProgress, ToolCallStarted
 from shared.settings import Settings
 from shared.subjects import H_REPLY_KIND
+from tests import natsfixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -67,6 +68,7 @@ slow = tool(name="slow", timeout=0.3, description="times out")(_probe)
 
 @asynccontextmanager
 async def workers(settings: Settings, *groups: Sequence[Tool]) -> AsyncIterator[None]:
+    await natsfixtures.create_deployment(settings)
     async with anyio.create_task_group() as tg:
         for tools in groups:
             with anyio.fail_after(10):
