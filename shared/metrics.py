@@ -101,6 +101,11 @@ WORK_PENDING: Final = Gauge(
     "loopwire_work_signals_pending", "Work signals waiting in the work stream's consumer", registry=REGISTRY
 )
 LOOPS_DRIVEN: Final = Gauge("loopwire_loops_driven", "Loops this model-step replica drives now", registry=REGISTRY)
+LOOPS_WAITING: Final = Gauge(
+    "loopwire_loops_waiting",
+    "Loops of this model-step replica waiting on long tool calls with their drive slot given back",
+    registry=REGISTRY,
+)
 LEASE_TAKEOVERS: Final = Counter(
     "loopwire_lease_takeovers", "Loop leases taken over from a replica that is gone", registry=REGISTRY
 )

@@ -221,7 +221,15 @@ class Settings:
         shown="0; loopwire demo sets it",
     )
     model_step_concurrency: int = setting(
-        "LW_MODEL_STEP_CONCURRENCY", 16, "loops one model-step replica drives at once"
+        "LW_MODEL_STEP_CONCURRENCY",
+        16,
+        "loops one model-step replica drives at once (a loop waiting on long tool calls gives its slot back)",
+    )
+    model_step_waiting: int = setting(
+        "LW_MODEL_STEP_WAITING",
+        256,
+        "loops one model-step replica lets wait on long tool calls (e.g. sub-agents) outside its drive slots",
+        parse=int_in(0, 1_000_000),
     )
     model_step_folds: int = setting(
         "LW_MODEL_STEP_FOLDS",
@@ -262,6 +270,12 @@ class Settings:
     )
     tool_timeout_seconds: float = setting("LW_TOOL_TIMEOUT_SECONDS", 60.0, "default tool-call deadline in seconds")
     heartbeat_seconds: float = setting("LW_HEARTBEAT_SECONDS", 1.0, "tool worker heartbeat interval in seconds")
+    agent_max_depth: int = setting(
+        "LW_AGENT_MAX_DEPTH",
+        8,
+        "agent workers: how deep sub-agents may nest (a child of a child ...); deeper calls are refused",
+        parse=int_in(1, 64),
+    )
     log_level: str = setting("LW_LOG_LEVEL", "INFO", "log level of services")
     log_format: str = setting(
         "LW_LOG_FORMAT",

@@ -124,6 +124,22 @@ def tool_refused(message: str) -> str:
     return bounded_diagnostic(f"error: tool call refused: {message}")
 
 
+def agent_cycle(name: str, chain: Sequence[str]) -> str:
+    """An agent call refused because that agent already runs in the calling chain (``chain``:
+    the agents the calling loop runs under, outermost first)."""
+    return tool_refused(
+        f"sub-agent cycle: {name} already runs in this loop's calling chain ({' → '.join([*chain, name])})"
+    )
+
+
+def agent_too_deep(name: str, chain: Sequence[str], max_depth: int) -> str:
+    """An agent call refused because its child loop would nest deeper than ``max_depth``."""
+    return tool_refused(
+        f"sub-agent depth: {name} would run {len(chain) + 1} levels deep ({' → '.join([*chain, name])}); "
+        f"at most {max_depth} nested sub-agents (LW_AGENT_MAX_DEPTH)"
+    )
+
+
 def outcome_unknown(name: str) -> str:
     return bounded_diagnostic(
         f"error: outcome unknown: {name} stopped while running and is not idempotent; not retried"

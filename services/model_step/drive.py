@@ -9,6 +9,7 @@ fold is its own: no two drives share mutable state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
 from services.model_step.models.base import ModelFactory
 from services.model_step.policy import tool_allowed_for_loop
+from services.model_step.slots import SlotHolder
 from services.toolcaller.base import Execute, ToolLookup
 from services.toolwire.spec import ToolSpec
 from shared import telemetry
@@ -68,11 +70,13 @@ class Drive:
     """One loop being driven, for one :meth:`~services.model_step.driver.LoopDriver.drive` call.
 
     ``guard``: the loop's lease (None: a drive without one, e.g. a test of the commit alone).
+    ``slot``: the handler's drive slot (None: the drive holds none).
     """
 
     shared: Shared
     loop_id: str
     guard: Guard | None
+    slot: SlotHolder | None = None
     # Event ids this drive offered, and whether a record of another writer (the loop API: input,
     # interrupt, answer, close) showed up on the live history subject since the last read.
     own: set[str] = field(default_factory=set)
@@ -105,6 +109,11 @@ class Drive:
         if not tool_allowed_for_loop(h.config, name):
             return None
         return self.shared.tools.get(name)
+
+    def waiting_on_calls(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around a wait on tool calls: a long one gives the drive slot back until it ends (a loop
+        waiting on a sub-agent must not keep the slot its child needs)."""
+        return self.slot.waiting() if self.slot is not None else contextlib.nullcontext()
 
     # --- reads ------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from services.model_step.lease import Guard
 from services.model_step.live import LiveOutbox
 from services.model_step.models.base import ModelFactory
 from services.model_step.runstep import run_step
+from services.model_step.slots import SlotHolder
 from services.model_step.steps import Action, next_action
 from services.toolcaller.base import Execute, ToolLookup
 from shared import events as ev
@@ -67,14 +68,16 @@ class LoopDriver:
         self.outbox = live if live is not None else LiveOutbox(self.nc, self.settings.names)
         self.cache = FoldCache(self.settings.model_step_folds)
 
-    async def drive(self, loop_id: str, guard: Guard) -> LoopHistory:
+    async def drive(self, loop_id: str, guard: Guard, slot: SlotHolder | None = None) -> LoopHistory:
         """Do every piece of pending work of ``loop_id`` while ``guard`` holds; return the final fold.
 
+        ``slot``: the drive slot of the service's handler, given back while long tool calls run
+        and taken again before each pass (None: the drive holds none, e.g. a test of the driver).
         Raises :class:`~services.model_step.lease.LeaseLost` when the guard stops holding.
         """
         if loop_id in self._drives:
             raise RuntimeError(f"loop {loop_id} is already being driven in this process")
-        d = self._drives[loop_id] = Drive(self, loop_id, guard)
+        d = self._drives[loop_id] = Drive(self, loop_id, guard, slot)
         try:
             if self.outbox.running:
                 return await self._drive(d)
@@ -115,6 +118,8 @@ class LoopDriver:
                             rests = True
                             return h
                         passes += 1
+                        if d.slot is not None:  # given back by a wait on calls that was cut short
+                            await d.slot.take()
                         d.basis = h.last_seq  # the step's inputs are read from this fold
                         new_turn = new_id() if nxt.action is Action.START_TURN else ""
                         try:

@@ -1,7 +1,8 @@
 """The model-step service: pull work signals, lease the loop, drive it, ack, look once more, release.
 
 Many loops run at once per replica (``LW_MODEL_STEP_CONCURRENCY``), one driver per loop. A replica
-never pulls more work items than it has free slots. It serves the shards ``LW_SHARDS_SERVED`` names
+never pulls more work items than it has free slots; a drive waiting on long tool calls gives its slot
+back meanwhile (see :mod:`services.model_step.slots`). It serves the shards ``LW_SHARDS_SERVED`` names
 (all by default): one work consumer, one puller and one pull loop per shard, sharing its slots.
 """
 
@@ -26,6 +27,7 @@ from services.model_step.driver import LoopDriver
 from services.model_step.lease import Lease, LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
+from services.model_step.slots import Slot, SlotPool
 from services.model_step.steps import Action, next_action
 from services.model_step.work import WorkPuller, consumer_config, served_shards
 from services.reconcile import ReplicaReconciler
@@ -118,7 +120,7 @@ class ModelStepService:
         self.names = settings.names
         self._leases: Leases | None = None
         self._models: dict[str, Any] = {}
-        self._slots = anyio.Semaphore(max(1, settings.model_step_concurrency))
+        self._pool = SlotPool(settings.model_step_concurrency, settings.model_step_waiting)
         self._tick = work_ack_wait(settings) / 4
         # Loops handled by this process right now: one handler (drive, ack, look again) per loop.
         self._busy: dict[str, _Handling] = {}
@@ -187,6 +189,7 @@ class ModelStepService:
     async def _serve(self, pullers: list[WorkPuller]) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(self._driver.outbox.run)
+            tg.start_soon(self._pool.run)
             assert self._leases is not None
             tg.start_soon(self._reconciler.signal_orphaned, self._leases.orphaned)
             tg.start_soon(self._reconciler.signal_lost_items, self._busy, [p.shard for p in pullers])
@@ -196,7 +199,7 @@ class ModelStepService:
     async def _pull_loop(self, tg: TaskGroup, puller: WorkPuller) -> None:
         """One shard's items: wait for ONE with one slot, start it, then top up the other free slots
         with what is already queued, never asking for more items than there are free slots."""
-        slots = self._slots
+        slots = self._pool.free
         while True:
             await slots.acquire()
             free = 1
@@ -208,22 +211,22 @@ class ModelStepService:
                 if free > 1:
                     msgs += await puller.pull(free - 1)
             for m in msgs[:free]:
-                tg.start_soon(self._handle, m)
+                tg.start_soon(self._handle, m, self._pool.slot())
             for m in msgs[free:]:  # cannot happen with the pulls above; never hold an item unbacked
                 with contextlib.suppress(Exception):
                     await m.nak()
             for _ in range(free - min(free, len(msgs))):
                 slots.release()
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Msg, slot: Slot) -> None:
         try:
-            await self._handle_item(msg)
+            await self._handle_item(msg, slot)
         except Exception:
             log.exception("work item %s failed; retrying later", msg.subject)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1.0)
         finally:
-            self._slots.release()
+            slot.release()
 
     async def _look_again(self, loop_id: str) -> None:
         """After the ack: queue a work item if the loop has work again (see :mod:`services.reconcile`)."""
@@ -241,7 +244,7 @@ class ModelStepService:
             except Exception as e:
                 log.debug("loop %s: signals of the drive left in place (%s)", loop_id, e, extra={"loop_id": loop_id})
 
-    async def _handle_item(self, msg: Msg) -> None:
+    async def _handle_item(self, msg: Msg, slot: Slot) -> None:
         loop_id = self.names.loop_of_work(msg.subject)
         handling = self._busy.get(loop_id)
         if handling is not None:  # a drive of this loop here has not stopped yet (e.g. it just lost its lease)
@@ -268,12 +271,12 @@ class ModelStepService:
         metrics.gauge_add(metrics.LOOPS_DRIVEN, 1)
         try:
             with telemetry.attached(msg.headers), logfmt.bind(loop_id=loop_id):  # the signal's trace
-                await self._drive_item(msg, loop_id, handling)
+                await self._drive_item(msg, loop_id, handling, slot)
         finally:
             metrics.gauge_add(metrics.LOOPS_DRIVEN, -1)
             del self._busy[loop_id]
 
-    async def _drive_item(self, msg: Msg, loop_id: str, handling: _Handling) -> None:
+    async def _drive_item(self, msg: Msg, loop_id: str, handling: _Handling, slot: Slot) -> None:
         leases = self._leases
         assert leases is not None
         lease = await leases.acquire(loop_id)
@@ -288,7 +291,7 @@ class ModelStepService:
             return
         try:
             with telemetry.attached(await self._item_trace(msg, loop_id)):
-                await self._drive_held(msg, loop_id, handling, lease)
+                await self._drive_held(msg, loop_id, handling, lease, slot)
         finally:
             leases.forget(lease)
             with anyio.CancelScope(shield=True):
@@ -305,7 +308,7 @@ class ModelStepService:
             return None
         return {H_TRACEPARENT: tp} if tp else None
 
-    async def _drive_held(self, msg: Msg, loop_id: str, handling: _Handling, lease: Lease) -> None:
+    async def _drive_held(self, msg: Msg, loop_id: str, handling: _Handling, lease: Lease, slot: Slot) -> None:
         if lease.taken_from:
             log.info(
                 "loop %s taken over from a replica that is gone (%r)",
@@ -319,7 +322,7 @@ class ModelStepService:
             lease.on_lost(tg.cancel_scope.cancel)  # a drive that lost its lease stops at once
             tg.start_soon(partial(keep, lease, tick=self._tick, in_progress=msg.in_progress))
             try:
-                h = await self._driver.drive(loop_id, lease)
+                h = await self._driver.drive(loop_id, lease, slot)
                 # Only the holder acks: after a lost lease the item may already be another replica's.
                 lease.check()
                 await msg.ack()

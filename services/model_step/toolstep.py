@@ -35,7 +35,7 @@ from shared import shaping
 from shared.events import make
 from shared.history import LoopHistory, OpenTurn
 from shared.jsapi import is_gone
-from shared.results import DONE, args_digest
+from shared.results import DONE, CallRecord, args_digest
 from shared.toolcall import ToolCall
 from shared.wiretypes import DecisionEffect
 
@@ -90,17 +90,18 @@ async def run_calls(
                 s = _act(h, t, step_id, p, way, decided.get(call.id), view, s)
     d.check()
     config = h.config
-    results = await d.shared.execute(
-        loop_id=h.loop_id,
-        turn_id=t.turn_id,
-        step_id=step_id,
-        planned=planned,
-        limits=config.limits if config else ev.Limits(),
-        spec_of=lambda name: d.tool_spec(h, name),
-        fence=d.guard,
-        retries=config.retries if config else None,
-        fit=RecordFit(s.message, d.settings.max_record_bytes),
-    )
+    async with d.waiting_on_calls():
+        results = await d.shared.execute(
+            loop_id=h.loop_id,
+            turn_id=t.turn_id,
+            step_id=step_id,
+            planned=planned,
+            limits=config.limits if config else ev.Limits(),
+            spec_of=lambda name: d.tool_spec(h, name),
+            fence=d.guard,
+            retries=config.retries if config else None,
+            fit=RecordFit(s.message, d.settings.max_record_bytes),
+        )
     await turns.commit_tool_step(d, h, t, step_id, s.message, planned, results)
 
 
@@ -234,16 +235,29 @@ async def _prior(d: Drive, p: PlannedCall) -> Prior:
         timeout = float(spec.timeout_seconds if spec is not None else s.tool_timeout_seconds)
         left = rec.started_ms / 1000 + timeout + 3 * s.heartbeat_seconds - time.time()
         until = time.monotonic() + max(0.0, left)
+        # (a call still running, e.g. a sub-agent, may take long: waited on outside the drive slot)
         with caller_span(p.call.name, p.call.id, p.execution_id):  # the worker's span's parent
-            while rec.state != DONE:
-                if time.monotonic() >= until or await is_gone(
-                    d.shared.nc, s.names.tool_worker(rec.worker_id), timeout=WORKER_PING_SECONDS
-                ):
-                    return Prior.UNKNOWN
-                await anyio.sleep(RECORD_POLL_SECONDS)
-                rec = await results.call(p.call.name, p.execution_id, loop_id=d.loop_id) or rec
+            async with d.waiting_on_calls():
+                rec = await _finished(d, p, rec, until)
+        if rec is None:
+            return Prior.UNKNOWN
     p.recorded = outcome_of(rec.reply_kind, bytes(rec.reply), rec.worker_id)
     return Prior.RECORDED
+
+
+async def _finished(d: Drive, p: PlannedCall, rec: CallRecord, until: float) -> CallRecord | None:
+    """``p``'s record once its call is done; None when its worker is gone or its deadline passed."""
+    results = d.shared.results
+    assert results is not None
+    s = d.settings
+    while rec.state != DONE:
+        if time.monotonic() >= until or await is_gone(
+            d.shared.nc, s.names.tool_worker(rec.worker_id), timeout=WORKER_PING_SECONDS
+        ):
+            return None
+        await anyio.sleep(RECORD_POLL_SECONDS)
+        rec = await results.call(p.call.name, p.execution_id, loop_id=d.loop_id) or rec
+    return rec
 
 
 def _with_decision(s: ev.SuspendedStep, decision: ev.Decision | None) -> ev.SuspendedStep:

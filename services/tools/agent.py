@@ -25,6 +25,7 @@ from typing import Annotated, Final
 
 import anyio
 import msgspec
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from services.tools.sdk import Tool, ToolContext, ToolError, ToolOutput
@@ -38,6 +39,8 @@ from shared.events import (
     Event,
     GateOpened,
     GateResolved,
+    LoopForked,
+    LoopStarted,
     ParentRef,
     RetryPolicy,
     StepDone,
@@ -46,8 +49,10 @@ from shared.events import (
     ToolCallStarted,
     TurnFailed,
 )
+from shared.forking import first_record
 from shared.protocol import ClosedError, RemoteError
 from shared.replay import load
+from shared.subjects import Names
 from shared.turns import TurnOutcome, wait_for_turn
 from shared.wiretypes import PolicyEffect
 
@@ -145,6 +150,9 @@ async def run_child(name: str, config: AgentConfig, task: str, ctx: ToolContext)
         loop_id=ids.loop_id, turn_id=ids.turn_id, step_id=ids.step_id, tool_execution_id=eid, tool_name=name
     )
     tag = f"child {child[:8]}"
+    refused = await _refusal(ctx, name)
+    if refused:
+        return ToolOutput(text=refused, is_error=True)
 
     def on_live(msg: Msg) -> None:
         try:
@@ -194,6 +202,43 @@ async def run_child(name: str, config: AgentConfig, task: str, ctx: ToolContext)
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await sub.unsubscribe()
     return _result(name, child, outcome)
+
+
+async def calling_chain(nc: NATS, names: Names, loop_id: str, limit: int) -> list[str]:
+    """The agent tools ``loop_id`` runs under, outermost first ([] for a loop started on its own),
+    read from each ancestor's LoopStarted up to ``limit`` + 1 levels (enough to tell a chain too deep)."""
+    chain: list[str] = []
+    seen = {loop_id}
+    while len(chain) <= limit:
+        first = await first_record(nc, names, loop_id)
+        if isinstance(first, LoopForked):  # a fork's configuration (and parent) is its LoopStarted, later
+            h = await load(nc, names, loop_id)
+            parent = h.config.parent if h.config is not None else None
+        else:
+            parent = first.parent if isinstance(first, LoopStarted) else None
+        if parent is None:
+            break
+        chain.append(parent.tool_name)
+        if parent.loop_id in seen:  # only a forged lineage loops: it is a cycle all the same
+            break
+        loop_id = parent.loop_id
+        seen.add(loop_id)
+    chain.reverse()
+    return chain
+
+
+async def _refusal(ctx: ToolContext, name: str) -> str:
+    """Why a call of agent ``name`` from the calling loop may not start a child ("" if it may): that
+    agent already runs in the loop's calling chain (a cycle, e.g. ping → pong → ping, would nest
+    without end), or the child would nest deeper than ``LW_AGENT_MAX_DEPTH``."""
+    assert ctx.nc is not None
+    max_depth = ctx.settings.agent_max_depth
+    chain = await calling_chain(ctx.nc, ctx.settings.names, ctx.loop_id, max_depth)
+    if name in chain:
+        return shaping.agent_cycle(name, chain)
+    if len(chain) + 1 > max_depth:
+        return shaping.agent_too_deep(name, chain, max_depth)
+    return ""
 
 
 async def _abandoned(ctx: ToolContext, turn_id: str) -> bool:
