@@ -28,6 +28,7 @@ FOREIGN_CONNECTION_VARS: Final = (
     "LW_NATS_TLS_CERT",
     "LW_NATS_TLS_KEY",
     "LW_NATS_INBOX_PREFIX",
+    "LW_NATS_MONITOR_URL",
 )
 LOG_TAIL_LINES: Final = 15
 
@@ -56,6 +57,7 @@ def service_env(
     shards: int = 1,
     log_level: str = "INFO",
     isolated: bool = False,
+    monitor_urls: Sequence[str] = (),
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The variables every process of a deployment gets (on top of this process's environment).
@@ -72,6 +74,8 @@ def service_env(
             "LW_LOG_LEVEL": log_level,
         }
     )
+    if monitor_urls:  # the servers' sync_interval is checked at start-up (services.synccheck)
+        env["LW_NATS_MONITOR_URL"] = ",".join(monitor_urls)
     env.update(extra or {})
     return env
 
@@ -102,6 +106,7 @@ class Deployment:
             settings.replicas,
             shards=settings.shards,
             log_level=log_level,
+            monitor_urls=settings.nats_monitor_urls,
             extra=env,
         )
         return cls(base, log_dir, role_env or {})

@@ -76,7 +76,15 @@ class EmbeddedStack:
         if self.chunk_delay > 0:
             extra["LW_DEMO_CHUNK_DELAY"] = str(self.chunk_delay)
         # Isolated: no auth variables of another deployment (none on the embedded server).
-        return service_env((self.url,), self.prefix, log_level=self.log_level, isolated=True, extra=extra)
+        assert self.server is not None
+        return service_env(
+            (self.url,),
+            self.prefix,
+            log_level=self.log_level,
+            isolated=True,
+            monitor_urls=(self.server.monitor_url,),
+            extra=extra,
+        )
 
     def services(self, deployment: Deployment) -> list[ServiceProcess]:
         """The stack's processes (not started): committer, model-step, a worker per tool, the console."""

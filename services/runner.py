@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from services.lifecycle import Service, let_go_of_silent, raise_single
+from services.synccheck import warn_unless_synced
 from shared import logfmt, metrics, telemetry
 from shared.connect import broker_reachable
 from shared.errors import LoopwireError, NatsUnreachableError
@@ -101,6 +102,7 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
             stop = anyio.CancelScope()
             async with anyio.create_task_group() as watcher:
                 watcher.start_soon(_cancel_on_signal, signals, stop, log, settings, watcher)
+                watcher.start_soon(warn_unless_synced, settings)  # one warning per server that does not sync
                 with stop:
                     async with anyio.create_task_group() as tg:
                         await tg.start(service.run)

