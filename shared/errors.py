@@ -17,6 +17,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── UsageOverflowError
     ├── StrictJSONError                   (also ValueError) not strict JSON
     ├── ForkPointError                    (also ValueError) not a valid fork point
+    ├── MalformedStampError               (also ValueError) a record's digest-chain headers are malformed
     ├── JetStreamError                    shared.jserrors: the JetStream API answered with an error
     ├── JetStreamUnavailableError         shared.jserrors: no answer from JetStream
     ├── PayloadTooLargeError              shared.jserrors: over the server's max_payload
@@ -152,6 +153,10 @@ class StrictJSONError(LoopwireError, ValueError):
 
 class ForkPointError(LoopwireError, ValueError):
     """The requested fork point is not a record boundary that leaves a consistent loop."""
+
+
+class MalformedStampError(LoopwireError, ValueError):
+    """A stored record's digest-chain headers are present but some are missing or malformed."""
 
 
 class NatsServerError(LoopwireError, RuntimeError):

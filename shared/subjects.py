@@ -38,6 +38,11 @@ H_TRACEPARENT: Final = "traceparent"
 H_REPLY_KIND: Final = "Lw-Reply"
 H_WORKER_ID: Final = "Lw-Worker-Id"
 
+# Headers of a history record: its place in the loop's digest chain (see shared.chain).
+H_DIGEST: Final = "Lw-Digest"
+H_DIGEST_PREV: Final = "Lw-Digest-Prev"
+H_CHAIN_INDEX: Final = "Lw-Chain-Index"
+
 # JetStream headers.
 H_MSG_ID: Final = "Nats-Msg-Id"
 H_EXPECTED_LAST_SUBJECT_SEQ: Final = "Nats-Expected-Last-Subject-Sequence"

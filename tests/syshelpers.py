@@ -32,6 +32,7 @@ from shared.procs import ServiceProcess, Supervisor
 from shared.replay import load, replay
 from shared.settings import Settings
 from shared.validate import validate_event
+from shared.verify import verify_all
 
 T = TypeVar("T")
 
@@ -185,3 +186,11 @@ def check_history_invariants(events: Sequence[tuple[int, Event]]) -> None:
         if isinstance(e, ev.StepDone):
             assert e.step_id not in steps, f"step {e.step_id} committed twice"
             steps.add(e.step_id)
+
+
+async def check_every_record_chained(nc: NATS, settings: Settings, *, loops: int) -> None:
+    """``verify --all``'s check: ``loops`` loops, each record digested and following the one before it."""
+    report = await verify_all(nc, settings.names)
+    assert report.ok, [p.line() for p in report.problems]
+    assert len(report.loops) == loops
+    assert all(c.records and c.chained == c.records for c in report.loops.values()), report.summary()

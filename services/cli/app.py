@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_lineage_and_diff,
         _add_tools,
         _add_streams,
+        _add_verify,
         _add_schema,
     ):
         add(sub)
@@ -481,6 +482,24 @@ def _add_streams(sub: Commands) -> None:
     p.add_argument("--balance", action="store_true", help="move leaders to spread the shards over the nodes")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(streamscmd.cmd_streams))
+
+
+def _add_verify(sub: Commands) -> None:
+    from services.cli import verifycmd
+
+    p = _command(
+        sub,
+        "verify",
+        "check stored histories against their digest chains: gaps, changed records, broken chains",
+        "Re-read the history of LOOP (or, with --all, every loop of every shard's history stream) and check "
+        "each record's digest chain (docs/protocol.md): one line per problem (a gap, a changed record, a "
+        "broken chain, a history stream missing or unreadable), then a summary; exit 1 on any problem. "
+        "Records written before digests are reported as unchained, not as problems.",
+    )
+    p.add_argument("loop", nargs="?", metavar="LOOP", help="loop id (or a unique start of one)")
+    p.add_argument("--all", action="store_true", help="every loop of every shard")
+    _json_option(p)
+    p.set_defaults(handler=ClientCommand(verifycmd.cmd_verify))
 
 
 def _add_schema(sub: Commands) -> None:

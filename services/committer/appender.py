@@ -7,6 +7,10 @@ until ``commit_retry_seconds`` run out. A rejection that may mean "already store
 10201 for batches) is resolved with leader reads: if the first record on the subject after the
 expected sequence carries our first msg-id, the append had happened and its sequences are
 returned; otherwise it is a real conflict.
+
+Every record also gets its chain headers (:mod:`shared.chain`): chained to the stored record at
+``expected_last_seq`` (:mod:`.chaintips`), or, for a fork's first record, to its source's record
+at the fork point. A retry carries the same headers: they follow from the same stored record.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from nats.aio.client import Client as NATS
 
 from shared import metrics, shards
 from shared.backoff import Backoff
+from shared.chain import Link, chain_headers, link_after
 from shared.errors import ErrorKind
 from shared.jserrors import (
     ERR_BATCH_DUPLICATE_MSG_ID,
@@ -32,8 +37,11 @@ from shared.jserrors import (
 )
 from shared.protocol import WireError
 from shared.publish import js_publish, publish_batch
-from shared.streamreads import get_msg
+from shared.shards import Home
+from shared.streamreads import StoredMsg, get_msg
 from shared.subjects import H_EXPECTED_LAST_SUBJECT_SEQ, H_EXPECTED_STREAM, H_MSG_ID, Names
+
+from .chaintips import ChainTips
 
 log = logging.getLogger("loopwire.committer.append")
 
@@ -58,12 +66,22 @@ class EventIdTaken(WireError):
 
 
 class Appender:
-    """Appends records to the loop's history subject in its shard's stream; stateless (OCC is the fence)."""
+    """Appends records to the loop's history subject in its shard's stream (OCC is the fence; the
+    chain tips kept are only a speed-up)."""
 
     def __init__(self, nc: NATS, names: Names, *, retry_seconds: float) -> None:
         self._nc = nc
         self._names = names
         self._retry_seconds = retry_seconds
+        self._tips = ChainTips(nc)
+
+    async def link_at(self, loop_id: str, seq: int) -> Link:
+        """The chain link of the loop's stored record at ``seq`` (a fork's point in its source)."""
+        try:
+            home = await shards.home_of(self._nc, self._names, loop_id)
+            return await self._tips.link_at(loop_id, home, seq)
+        except (JetStreamError, JetStreamUnavailableError) as e:
+            raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the loop's record at {seq}: {e}") from None
 
     @property
     def stream(self) -> str:
@@ -71,9 +89,17 @@ class Appender:
         return self._names.history_stream_of(0)
 
     async def append(
-        self, loop_id: str, expected_last_seq: int, payloads: Sequence[bytes], msg_ids: Sequence[str]
+        self,
+        loop_id: str,
+        expected_last_seq: int,
+        payloads: Sequence[bytes],
+        msg_ids: Sequence[str],
+        *,
+        chain_from: Link | None = None,
     ) -> list[int]:
         """Store ``payloads`` right after ``expected_last_seq``; return their stream sequences.
+
+        ``chain_from``: the link a new loop's first record chains to (a fork's source at its point).
 
         Raises :class:`WireError` of kind ``conflict`` (with ``last_seq``), ``unavailable`` or
         ``too_large``. Never leaves part of a multi-record append in the stream.
@@ -84,12 +110,7 @@ class Appender:
             raise WireError(ErrorKind.UNAVAILABLE, f"cannot find the loop's history stream: {e}") from None
         subject, stream = home.subject, home.stream
         headers: list[dict[str, str]] = []
-        for k, mid in enumerate(msg_ids):
-            h = {H_MSG_ID: mid}
-            if k == 0:
-                h[H_EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
-                h[H_EXPECTED_STREAM] = stream
-            headers.append(h)
+        tip: Link | None = None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._retry_seconds
         backoff = Backoff(_BACKOFF_FIRST, _BACKOFF_MAX, deadline=deadline)
@@ -98,21 +119,28 @@ class Appender:
             remaining = deadline - loop.time()
             timeout = max(0.2, min(REQUEST_TIMEOUT, remaining))
             try:
+                if tip is None:
+                    after = chain_from
+                    if after is None or expected_last_seq:
+                        after = await self._tips.link_at(loop_id, home, expected_last_seq, request_timeout=timeout)
+                    headers, tip = _headers(after, expected_last_seq, stream, payloads, msg_ids)
                 if len(payloads) == 1:
                     ack = await js_publish(self._nc, subject, payloads[0], headers[0], request_timeout=timeout)
                     if ack.duplicate:
-                        await self._check_duplicate(stream, ack.seq, payloads[0], msg_ids[0], timeout)
+                        await self._check_duplicate(loop_id, stream, ack.seq, payloads[0], msg_ids[0], timeout)
                     else:
                         _count(payloads)
+                        self._tips.put(loop_id, ack.seq, tip)
                     return [ack.seq]
                 ack = await publish_batch(self._nc, subject, payloads, headers, request_timeout=timeout)
                 _count(payloads)
+                self._tips.put(loop_id, ack.seq, tip)
                 # An atomic batch is applied as one unit: its records have consecutive sequences.
                 return list(range(ack.seq - len(payloads) + 1, ack.seq + 1))
             except JetStreamError as e:
                 if e.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
                     try:
-                        return await self._resolve(stream, subject, expected_last_seq, payloads, msg_ids, timeout)
+                        return await self._resolve(loop_id, home, expected_last_seq, payloads, msg_ids, timeout)
                     except JetStreamUnavailableError as u:
                         last_problem = str(u)
                     except JetStreamError as r:
@@ -162,17 +190,19 @@ class Appender:
         return seqs
 
     async def _check_duplicate(
-        self, stream: str, seq: int, payload: bytes, msg_id: str, request_timeout: float
+        self, loop_id: str, stream: str, seq: int, payload: bytes, msg_id: str, request_timeout: float
     ) -> None:
         """A de-duplicated publish: make sure the stored record is this very event (not an id reuse)."""
         stored = await get_msg(self._nc, stream, seq=seq, request_timeout=request_timeout)
         if stored is not None and stored.msg_id == msg_id and stored.data != payload:
             raise EventIdTaken(msg_id, seq)
+        if stored is not None:
+            self._tips.put(loop_id, seq, link_after(stored.headers))  # the stored one's, wherever it was
 
     async def _resolve(
         self,
-        stream: str,
-        subject: str,
+        loop_id: str,
+        home: Home,
         expected_last_seq: int,
         payloads: Sequence[bytes],
         msg_ids: Sequence[str],
@@ -180,7 +210,9 @@ class Appender:
     ) -> list[int]:
         """Was this append already stored? Its sequences if so; a ``conflict`` WireError if not."""
         timeout = request_timeout
+        stream, subject = home.stream, home.subject
         seqs: list[int] = []
+        tip: StoredMsg | None = None
         at = expected_last_seq + 1
         for k, mid in enumerate(msg_ids):
             m = await get_msg(self._nc, stream, seq=at, next_by_subj=subject, request_timeout=timeout)
@@ -192,7 +224,10 @@ class Appender:
             if m.data != payloads[k]:
                 raise EventIdTaken(mid, m.seq, k)
             seqs.append(m.seq)
+            tip = m
             at = m.seq + 1
+        if tip is not None:
+            self._tips.put(loop_id, tip.seq, link_after(tip.headers))
         if seqs:
             log.info("append to %s was already stored at %s (retry resolved)", subject, seqs)
             return seqs
@@ -203,6 +238,19 @@ class Appender:
             f"expected last sequence {expected_last_seq}, the loop's last sequence is {last_seq}",
             last_seq=last_seq,
         )
+
+
+def _headers(
+    after: Link, expected_last_seq: int, stream: str, payloads: Sequence[bytes], msg_ids: Sequence[str]
+) -> tuple[list[dict[str, str]], Link]:
+    """Every record's headers (msg-id, chain; OCC on the first) and the last record's link."""
+    headers, tip = chain_headers(after, payloads)
+    for k, (h, mid) in enumerate(zip(headers, msg_ids, strict=True)):
+        h[H_MSG_ID] = mid
+        if k == 0:
+            h[H_EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_seq)
+            h[H_EXPECTED_STREAM] = stream
+    return headers, tip
 
 
 class _Type(msgspec.Struct):

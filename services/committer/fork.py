@@ -5,7 +5,8 @@ batch starts with ``LoopForked``, which announces how many records follow; until
 is stored the new loop is *forming*: the model-step does not drive it, the loop API refuses it and
 ``loopwire loops`` marks it. Every record's id is derived from the new loop id and the command, so a
 repeated fork command (a client retry after a timeout, or after a committer died between batches)
-finds what is stored, writes only the rest, and ends with the same whole loop. A fork of at most
+finds what is stored, writes only the rest, and ends with the same whole loop. The fork's digest
+chain continues its source's: its first record chains to the source's record at the fork point. A fork of at most
 ``FORK_BATCH`` records (the usual case) is a single atomic commit: no loop at all, or all of it.
 """
 
@@ -107,11 +108,13 @@ async def fork(loops: Loops, loop_id: str, req: ForkRequest, first_event_id: str
         done = h.events  # records a repeat of this command already stored
         last = h.last_seq
         ids = [e.event_id for e in events]
+        # The fork's chain continues its source's at the fork point (only its first record needs it).
+        source_link = await loops.appender.link_at(req.source_loop_id, at) if not last else None
         for a, b in _batches(payloads):
             if b <= done:
                 continue
             a = max(a, done)
-            seqs = await loops.appender.append(loop_id, last, payloads[a:b], ids[a:b])
+            seqs = await loops.appender.append(loop_id, last, payloads[a:b], ids[a:b], chain_from=source_link)
             last = seqs[-1]
         loops.cache.drop(loop_id)
     await loops.queue_work(loop_id, last)

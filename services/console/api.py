@@ -35,6 +35,7 @@ from shared.protocol import RemoteError
 from shared.settings import Settings
 from shared.streamreads import direct_get_batch, get_msg
 from shared.validate import is_uuid
+from shared.verify import verify_loop
 from shared.wiretypes import AnswerAction
 
 if TYPE_CHECKING:
@@ -153,6 +154,24 @@ class ConsoleApi:
         # A sub-agent's gates wait in its parent's inbox: the open gates of the loop's child loops too.
         doc["open_gates"] += [rules.gate_json(g) for c in self.agent_children(s.loop_id) for g in c.open_gates]
         return _ok(loop=doc)
+
+    async def verify(self, request: Request) -> Response:
+        """The loop's history checked against its digest chain (the page's verified mark; shared.verify)."""
+        s = await self.summary_of(loop_id_of(request))
+        try:
+            report = await verify_loop(self._nc(), self.settings.names, s.loop_id)
+        except (JetStreamUnavailableError, JetStreamError, nats.errors.Error) as e:
+            raise ApiError(ErrorKind.UNAVAILABLE, f"cannot read the loop's history: {e}") from None
+        check = report.loops.get(s.loop_id)
+        summary = report.summary()
+        return _ok(
+            loop_id=s.loop_id,
+            verified=summary["ok"],
+            records=summary["records"],
+            chained=check.chained if check is not None else 0,
+            unchained=summary["unchained"],
+            problems=[p.to_json() for p in report.problems],
+        )
 
     async def loop_events(self, request: Request) -> Response:
         loop_id = loop_id_of(request)

@@ -38,6 +38,7 @@ def route_table(api: ConsoleApi) -> list[tuple[str, str, Handler]]:
         ("POST", f"{loop}/close", api.close),
         ("POST", f"{loop}/fork", api.fork_loop),
         ("GET", f"{loop}/lineage", api.lineage),
+        ("GET", f"{loop}/verify", api.verify),
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.contract import chainheaders
 from services.contract.catalog import API_TYPES, COMMIT_TYPES, CONTROL_NAMES, DESCRIPTIONS
 from shared import subjects
 from shared.events import CLASSIFICATION, ENDURING_TYPES, EVENT_TYPES
@@ -22,8 +23,8 @@ def _header_schema(props: Mapping[str, tuple[str, str]], required: Iterable[str]
 
 
 def history_headers() -> dict[str, Any]:
-    """Headers of an event appended to the history stream."""
-    return _header_schema(
+    """Headers of an event appended to the history stream (the chain's are on every stored record)."""
+    schema = _header_schema(
         {
             subjects.H_MSG_ID: ("string", "the event_id (JetStream de-duplication key)"),
             subjects.H_EXPECTED_LAST_SUBJECT_SEQ: ("string", "optimistic concurrency: the loop's last sequence"),
@@ -31,9 +32,12 @@ def history_headers() -> dict[str, Any]:
             subjects.H_BATCH_ID: ("string", "atomic batch id (several events in one commit)"),
             subjects.H_BATCH_SEQ: ("string", "position in the atomic batch, from 1"),
             subjects.H_BATCH_COMMIT: ("string", "1 on the last message of an atomic batch"),
+            **chainheaders.PROPERTIES,
         },
-        [subjects.H_MSG_ID],
+        [subjects.H_MSG_ID, *chainheaders.PROPERTIES],
     )
+    schema["description"] = chainheaders.RULE
+    return schema
 
 
 def call_headers() -> dict[str, Any]:

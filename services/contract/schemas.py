@@ -21,6 +21,7 @@ from services.contract.catalog import (
     LIVE_FRAME,
     TOOL_TYPES,
 )
+from services.contract.chainheaders import chain_headers_schema
 from shared import protocol
 from shared.events import EVENT_TYPES
 
@@ -72,6 +73,7 @@ def schema_files() -> dict[str, dict[str, Any]]:
         for t in types:
             name = t.__name__
             files[f"{group}/{_FILE_NAME.get(name, name)}.json"] = standalone_schema(name, t)
+    files["history/ChainHeaders.json"] = chain_headers_schema()
     return dict(sorted(files.items()))
 
 
@@ -84,7 +86,8 @@ def render_schemas() -> dict[str, str]:
     files = schema_files()
     index = {
         "description": "JSON Schemas of loopwire's wire types, generated from the msgspec types "
-        "(loopwire schema --out schemas). See docs/asyncapi.yaml for subjects and headers.",
+        "(loopwire schema --out schemas). See docs/asyncapi.yaml for subjects and headers; "
+        "history/ChainHeaders.json for the digest chain every stored history record carries.",
         "envelope_version": 1,
         "files": sorted(files),
         "conformance": f"{CONFORMANCE_DIR}/valid and {CONFORMANCE_DIR}/invalid: records every implementation must "

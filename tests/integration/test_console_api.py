@@ -191,3 +191,28 @@ async def test_every_malformed_number_is_a_clear_400(console: str, settings: Set
                 assert r.status_code == 400, (value, field, r.status_code, r.text[:300])
                 error = r.json()["error"]
                 assert error["kind"] == "invalid" and error["field"] == field, (value, field, error)
+
+
+async def test_a_loop_s_verified_mark_is_its_history_checked_against_its_digest_chain(
+    console: str, settings: Settings, nc: NATS
+) -> None:
+    async with running_committer(settings), httpx.AsyncClient(base_url=console, timeout=10) as client:
+        api = LoopClient(nc, settings.names)
+        loop_id = (await api.start()).loop_id
+        await api.input(loop_id, "hello")
+        with anyio.fail_after(10):
+            while (await client.get(f"/api/loops/{loop_id}")).json().get("loop", {}).get("events") != 2:
+                await anyio.sleep(0.05)
+        doc = (await client.get(f"/api/loops/{loop_id}/verify")).json()
+        assert doc["ok"] and doc["verified"] is True and doc["records"] == doc["chained"] == 2 and not doc["problems"]
+        # A record published straight into the stream with a digest that is not its own.
+        ack = await nc.jetstream().publish(
+            settings.names.hist(loop_id),
+            b'{"type":"InputSubmitted"}',
+            headers={"Lw-Chain-Index": "3", "Lw-Digest-Prev": "0" * 64, "Lw-Digest": "1" * 64},
+        )
+        doc = (await client.get(f"/api/loops/{loop_id}/verify")).json()
+        assert doc["ok"] and doc["verified"] is False and doc["records"] == 3
+        assert [(p["problem"], p["seq"]) for p in doc["problems"]] == [("changed", ack.seq), ("broken", ack.seq)]
+        unknown = await client.get(f"/api/loops/{uuid.uuid4()}/verify")
+        assert unknown.status_code == 404 and unknown.json()["error"]["kind"] == "not_found"

@@ -86,6 +86,12 @@ def test_start_and_send_from_the_page_streams_tokens_then_the_answer(d: Deployme
     assert texts[-1] == "Second answer: got it."
     assert history_types(d, loop_id).count("TurnDone") == 2
 
+    # Opened again: the server checked the stored history against its digest chain (the mark).
+    open_loop(browser, browser.current_url)
+    mark = wait_until(lambda: on_page(browser, "#loop-verified:not([hidden])"), what="the verified mark")
+    assert mark[0]["text"].startswith("✓ verified (") and "records chained" in mark[0]["text"], mark
+    assert browser.find_element(By.ID, "loop-verified").get_attribute("data-verified") == "true"
+
     # The loops page lists it, filterable by state and text.
     browser.get(d.console_url)
     wait_until(lambda: "idle" in text_now(browser, f'tr[data-loop="{loop_id}"]'), what="the row, idle")

@@ -21,7 +21,14 @@ from shared.history import fold
 from shared.protocol import InvalidRequestError
 from shared.replay import load
 from shared.settings import Settings
-from tests.syshelpers import check_history_invariants, history, system, wait_history, write_script
+from tests.syshelpers import (
+    check_every_record_chained,
+    check_history_invariants,
+    history,
+    system,
+    wait_history,
+    write_script,
+)
 from tests.system.test_fork import acli
 from tests.system.test_readme_examples import ROOT, Example, _python_block
 
@@ -154,6 +161,7 @@ async def test_a_model_step_killed_mid_compaction_leaves_one_compaction(
         await wait_history(nc, settings, loop_id, lambda h: h.idle, timeout=120)
         events = await history(nc, settings, loop_id)
         shown = await acli(settings, "history", loop_id)
+        await check_every_record_chained(nc, settings, loops=1)  # compactions, and a replaced model-step
     assert "context compacted: messages 1-" in shown and "the file was read" in shown
     check_history_invariants(events)
     assert any(isinstance(e, ev.TurnDone) for _, e in events)

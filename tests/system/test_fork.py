@@ -34,7 +34,7 @@ from shared.settings import Settings
 from shared.streamreads import get_msg
 from shared.wiretypes import Reexecution
 from tests import natsfixtures
-from tests.syshelpers import check_history_invariants, history, wait_history
+from tests.syshelpers import check_every_record_chained, check_history_invariants, history, wait_history
 from tests.system import reports
 from tests.system.faultscript import write_model
 from tests.system.fleet import fleet
@@ -132,6 +132,8 @@ async def test_fork_at_every_valid_point(env: tuple[NATS, Settings, LoopClient, 
     assert await stored_bytes(nc, settings, source) == before
     # ledger_idem is idempotent: each repeated call took the source's result (reuse): nothing ran.
     assert ledger_runs(ledger, "ledger_idem") == runs
+    # Every branch's chain continues its source's at the fork point (tool steps, turns, forks).
+    await check_every_record_chained(nc, settings, loops=1 + len(forks))
 
 
 @pytest.mark.parametrize(
@@ -429,6 +431,7 @@ async def test_fork_at_a_point_with_an_open_gate(env: tuple[NATS, Settings, Loop
     check_history_invariants(await history(nc, settings, fork))
     sh = await wait_history(nc, settings, source, lambda h: bool(h.open_gates), timeout=5)
     assert sh.open_gates[0].gate.id == source_gate and sh.turns == 1  # the source still waits
+    await check_every_record_chained(nc, settings, loops=2)  # gates opened, answered, copied
 
 
 def held_call(tool: str, hold: float) -> list[dict[str, Any]]:

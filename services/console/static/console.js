@@ -503,7 +503,25 @@ function loopPage() {
     }, connState);
   }
   const lineageLater = throttle(() => showLineage(), 1000);
-  start().then(showLineage);
+  start().then(showLineage).then(showVerified);
+
+  // The verified mark: the history as stored, checked on load against its digest chain by the server.
+  async function showVerified() {
+    const doc = await api(`/api/loops/${loopId}/verify`);
+    const mark = $("#loop-verified");
+    if (!doc.ok) { mark.textContent = "? not verified"; mark.title = doc.error.message; mark.className = "verified unknown"; }
+    else if (doc.verified) {
+      mark.textContent = `✓ verified (${doc.chained} of ${doc.records} records chained)`;
+      mark.title = "every record matches its digest and follows the one before it";
+      mark.className = "verified ok";
+    } else {
+      mark.textContent = `✗ ${doc.problems.length} problem(s) in the stored history`;
+      mark.title = doc.problems.map((p) => `${p.problem} seq ${p.seq || "-"}: ${p.detail}`).join("\n");
+      mark.className = "verified bad";
+    }
+    mark.dataset.verified = doc.ok ? String(doc.verified) : "unknown";
+    mark.hidden = false;
+  }
   followIndex(null);
 
   // Forks: "fork from here" on every valid point, and where this loop comes from and went.
