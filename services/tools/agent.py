@@ -39,7 +39,6 @@ from shared.events import (
     Event,
     GateOpened,
     GateResolved,
-    LoopForked,
     LoopStarted,
     ParentRef,
     RetryPolicy,
@@ -210,12 +209,9 @@ async def calling_chain(nc: NATS, names: Names, loop_id: str, limit: int) -> lis
     chain: list[str] = []
     seen = {loop_id}
     while len(chain) <= limit:
+        # (a fork's first record is its LoopForked: a fork of a child is a loop of its own, at the top)
         first = await first_record(nc, names, loop_id)
-        if isinstance(first, LoopForked):  # a fork's configuration (and parent) is its LoopStarted, later
-            h = await load(nc, names, loop_id)
-            parent = h.config.parent if h.config is not None else None
-        else:
-            parent = first.parent if isinstance(first, LoopStarted) else None
+        parent = first.parent if isinstance(first, LoopStarted) else None
         if parent is None:
             break
         chain.append(parent.tool_name)
