@@ -14,6 +14,10 @@ it does: its tool calls starting and ending (from its live events), its steps an
 history). A call cancelled because the parent's turn ended (interrupted, or the parent closed), or
 cut by its deadline, interrupts and closes the child; a worker that stops, or a cancel from a
 model-step that stopped driving the parent, leaves it alone (the call is sent again and follows it).
+
+Nesting is bounded where a child is made: a call from a loop that already runs under this agent (a
+cycle such as ping → pong → ping), or whose child would nest deeper than ``LW_AGENT_MAX_DEPTH``, gets
+an error result and no child (:func:`calling_chain` reads the lineage from the loops' LoopStarted).
 """
 
 from __future__ import annotations
