@@ -221,7 +221,9 @@ def _add_serve_agent(which: Commands) -> None:
         "answer (a failed or interrupted child: an error result). The child's tool calls, steps and gates show as "
         "the call's progress in the parent; its gates are listed by `loopwire gates PARENT`. A call sent again "
         "(worker or model-step crash) finds the same child; interrupting or closing the parent interrupts and "
-        "closes the child. Several workers with the same NAME share the calls.",
+        "closes the child. A call from a loop that already runs under NAME (a cycle, e.g. ping -> pong -> ping) or "
+        "whose child would nest deeper than LW_AGENT_MAX_DEPTH (8) gets an error result instead of a child. "
+        "Several workers with the same NAME share the calls.",
         formatter_class=_Formatter,
     )
     _connection_options(s, top=False)

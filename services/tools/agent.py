@@ -14,6 +14,10 @@ it does: its tool calls starting and ending (from its live events), its steps an
 history). A call cancelled because the parent's turn ended (interrupted, or the parent closed), or
 cut by its deadline, interrupts and closes the child; a worker that stops, or a cancel from a
 model-step that stopped driving the parent, leaves it alone (the call is sent again and follows it).
+
+Nesting is bounded where a child is made: a call from a loop that already runs under this agent (a
+cycle such as ping → pong → ping), or whose child would nest deeper than ``LW_AGENT_MAX_DEPTH``, gets
+an error result and no child (:func:`calling_chain` reads the lineage from the loops' LoopStarted).
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from shared.events import (
     Event,
     GateOpened,
     GateResolved,
-    LoopForked,
     LoopStarted,
     ParentRef,
     RetryPolicy,
@@ -210,12 +213,9 @@ async def calling_chain(nc: NATS, names: Names, loop_id: str, limit: int) -> lis
     chain: list[str] = []
     seen = {loop_id}
     while len(chain) <= limit:
+        # (a fork's first record is its LoopForked: a fork of a child is a loop of its own, at the top)
         first = await first_record(nc, names, loop_id)
-        if isinstance(first, LoopForked):  # a fork's configuration (and parent) is its LoopStarted, later
-            h = await load(nc, names, loop_id)
-            parent = h.config.parent if h.config is not None else None
-        else:
-            parent = first.parent if isinstance(first, LoopStarted) else None
+        parent = first.parent if isinstance(first, LoopStarted) else None
         if parent is None:
             break
         chain.append(parent.tool_name)

@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -21,8 +23,17 @@ from services.tools.agent import child_loop_id
 from shared import events as ev
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
+from shared.natsserver import free_port
 from shared.settings import Settings
-from tests.syshelpers import System, check_history_invariants, history, system, wait_history, write_script
+from tests.syshelpers import (
+    System,
+    check_history_invariants,
+    history,
+    system,
+    wait_for,
+    wait_history,
+    write_script,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
 
@@ -69,6 +80,16 @@ async def _done_answer(nc: NATS, settings: Settings, loop_id: str) -> str:
     return text_of(done[0].message)
 
 
+def _slot_gauges(text: str) -> tuple[float, float]:
+    """(loopwire_loops_driven, loopwire_loops_waiting) of a /metrics page."""
+    found = dict.fromkeys(("loopwire_loops_driven", "loopwire_loops_waiting"), -1.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value)
+    return found["loopwire_loops_driven"], found["loopwire_loops_waiting"]
+
+
 async def test_more_waiting_parents_than_drive_slots_all_finish(settings: Settings, nc: NATS, tmp_path: Path) -> None:
     slots, parents = 2, 6
     model = write_script(
@@ -83,13 +104,34 @@ async def test_more_waiting_parents_than_drive_slots_all_finish(settings: Settin
         },
     )
     env = {"LW_MODEL_STEP_CONCURRENCY": str(slots)}
-    with system(settings, tools=("sleep",), env=env) as s:
+    port = free_port()
+    with system(settings, tools=("sleep",), env=env, model_steps=0) as s:
+        s.model_step(LW_METRICS_PORT=str(port))
         _agent(s, "researcher", model, "sleep")
         lc = LoopClient(nc, settings.names)
         ids = [await _start_parent(lc, model, ["researcher"]) for _ in range(parents)]
-        with anyio.fail_after(90):
-            for parent in ids:
-                await wait_history(nc, settings, parent, lambda h: h.idle and h.turns == 1, timeout=90)
+        gauges: list[tuple[float, float]] = []  # (driven, waiting), sampled while the parents run
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as web:
+
+            async def sample() -> None:
+                while True:
+                    with contextlib.suppress(httpx.HTTPError):
+                        gauges.append(_slot_gauges((await web.get("/metrics")).text))
+                    await anyio.sleep(0.2)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sample)
+                with anyio.fail_after(90):
+                    for parent in ids:
+                        await wait_history(nc, settings, parent, lambda h: h.idle and h.turns == 1, timeout=90)
+                tg.cancel_scope.cancel()
+
+            async def settled() -> bool:
+                return _slot_gauges((await web.get("/metrics")).text) == (0.0, 0.0)
+
+            await wait_for(settled, timeout=10, interval=0.2)  # every drive ended, every slot back
+        # The gauges saw more loops driven than slots, the extra ones waiting with their slot given back.
+        assert any(driven > slots and driven - waiting <= slots for driven, waiting in gauges), gauges
         children: list[str] = []
         for parent in ids:
             execution_id, result = await _tool_result(nc, settings, parent)
