@@ -12,9 +12,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from services.cli.helpexamples import epilog
 from services.cli.parsing import Parser
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
@@ -63,7 +64,9 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _command(sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True) -> Parser:
-    p: Parser = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
+    p: Parser = sub.add_parser(
+        name, help=help_, description=description or help_, epilog=epilog(name), formatter_class=_Formatter
+    )
     if connects:
         _connection_options(p, top=False)
     return p
@@ -160,6 +163,11 @@ def _add_up(sub: Commands) -> None:
     p.set_defaults(handler=handle_up)
 
 
+def _served(service: str) -> dict[str, Any]:
+    """The help layout and examples of ``serve SERVICE``."""
+    return {"formatter_class": _Formatter, "epilog": epilog(f"serve {service}")}
+
+
 def _add_serve(sub: Commands) -> None:
     p = _command(
         sub,
@@ -168,12 +176,12 @@ def _add_serve(sub: Commands) -> None:
         "Run one service until SIGTERM/SIGINT, then drain and exit 0. Configuration: LW_* variables.",
     )
     which = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
-    s = which.add_parser("committer", help="the only writer of loop history", formatter_class=_Formatter)
+    s = which.add_parser("committer", help="the only writer of loop history", **_served("committer"))
     _connection_options(s, top=False)
     s.add_argument("--replicas", type=int, choices=(1, 3), help="stream and bucket replicas (env LW_REPLICAS)")
-    s = which.add_parser("model-step", help="drives loops: model, tools, commits", formatter_class=_Formatter)
+    s = which.add_parser("model-step", help="drives loops: model, tools, commits", **_served("model-step"))
     _connection_options(s, top=False)
-    s = which.add_parser("tool", help="serve tools: built-in names or module:attr", formatter_class=_Formatter)
+    s = which.add_parser("tool", help="serve tools: built-in names or module:attr", **_served("tool"))
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _add_serve_mcp(which)
@@ -190,7 +198,7 @@ def _add_serve_mcp(which: Commands) -> None:
         "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
         "it gets this environment minus LW_* variables); with --url it is reached over streamable HTTP. Several "
         "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
-        formatter_class=_Formatter,
+        **_served("mcp"),
     )
     _connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
@@ -221,7 +229,7 @@ def _add_serve_agent(which: Commands) -> None:
         "the call's progress in the parent; its gates are listed by `loopwire gates PARENT`. A call sent again "
         "(worker or model-step crash) finds the same child; interrupting or closing the parent interrupts and "
         "closes the child. Several workers with the same NAME share the calls.",
-        formatter_class=_Formatter,
+        **_served("agent"),
     )
     _connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
