@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
 from services.cli.helpexamples import epilog
-from services.cli.parsing import Parser
+from services.cli.parsing import Parser, count, port, positive_seconds, seconds, sequence
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
@@ -129,9 +129,9 @@ def _add_demo(sub: Commands) -> None:
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.add_argument(
-        "--chunk-delay", type=float, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
+        "--chunk-delay", type=seconds, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
     )
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)")
+    p.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S", help="give up after S seconds (60)")
     p.set_defaults(handler=handle_demo)
 
 
@@ -145,16 +145,16 @@ def _add_up(sub: Commands) -> None:
         connects=False,
     )
     p.add_argument(
-        "--port", type=int, help="NATS client port (default 4222, or a free one while 4222 is taken; 0 = a free port)"
+        "--port", type=port, help="NATS client port (default 4222, or a free one while 4222 is taken; 0 = a free port)"
     )
     p.add_argument("--data-dir", metavar="DIR", help="keep NATS data and logs here (default: a temp dir)")
     p.add_argument("--prefix", default="lw", help="subject/stream prefix the services use (default lw)")
     p.add_argument("--model", default="", help="default model of new loops (env LW_MODEL, default demo)")
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
-    p.add_argument("--chunk-delay", type=float, default=0.0, metavar="S", help="pause between demo-model chunks")
+    p.add_argument("--chunk-delay", type=seconds, default=0.0, metavar="S", help="pause between demo-model chunks")
     p.add_argument(
         "--console-port",
-        type=int,
+        type=port,
         metavar="N",
         help="operator console port (8080, or a free one while 8080 is taken; 0 = a free port)",
     )
@@ -211,9 +211,15 @@ def _add_serve_mcp(which: Commands) -> None:
         help="with --url: send HTTP header HEADER with the value of environment variable VAR (repeatable), "
         "e.g. Authorization=MCP_AUTH",
     )
-    s.add_argument("--timeout", type=float, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)")
     s.add_argument(
-        "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
+        "--timeout", type=positive_seconds, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)"
+    )
+    s.add_argument(
+        "--init-timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="wait this long for initialize (default 10)",
     )
     s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
 
@@ -242,7 +248,7 @@ def _add_serve_agent(which: Commands) -> None:
     )
     s.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         metavar="S",
         help="deadline of each call in seconds (default 86400: a child may wait at gates)",
     )
@@ -257,7 +263,7 @@ def _add_console(sub: Commands) -> None:
         "is not loopback needs LW_CONSOLE_TOKEN, which the page then sends with every request.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--port", type=port, default=8080, help="port (default 8080)")
     p.set_defaults(handler=handle_console)
 
 
@@ -288,8 +294,8 @@ def _add_start(sub: Commands) -> None:
         help="retry policy of a read-only or idempotent tool: attempts, initial and maximum backoff "
         "seconds (repeatable; overrides the tool's own)",
     )
-    p.add_argument("--max-iterations", type=int, metavar="N", help="tool steps per turn (25)")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
+    p.add_argument("--max-iterations", type=count, metavar="N", help="tool steps per turn (25)")
+    p.add_argument("--max-tokens", type=count, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
     budgets.add_budget_options(p)
     contextopts.add_context_options(p)
@@ -321,7 +327,9 @@ def _add_send(sub: Commands) -> None:
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("text", metavar="TEXT", help="the user's message; - reads it from standard input")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
+    p.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, metavar="S", help="with --wait: give up after S s (300)"
+    )
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_send))
 
@@ -331,7 +339,7 @@ def _add_history(sub: Commands) -> None:
 
     p = _command(sub, "history", "print a loop's committed history (replayed from JetStream)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence")
+    p.add_argument("--from", dest="from_seq", type=sequence, default=1, metavar="SEQ", help="first stream sequence")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(historycmds.cmd_history))
 
@@ -347,7 +355,7 @@ def _add_tail(sub: Commands) -> None:
         "the history so far is printed first (--new skips it); without LOOP only new events are shown.",
     )
     p.add_argument("loop", metavar="LOOP", nargs="?", help="loop id (default: every loop)")
-    p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ", help="start at this stream sequence")
+    p.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this stream sequence")
     p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
     p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
     _json_option(p)
