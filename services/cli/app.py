@@ -12,10 +12,11 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
-from services.cli.parsing import Parser
+from services.cli.helpexamples import epilog
+from services.cli.parsing import Parser, count, port, positive_seconds, seconds, sequence
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
@@ -63,7 +64,9 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _command(sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True) -> Parser:
-    p: Parser = sub.add_parser(name, help=help_, description=description or help_, formatter_class=_Formatter)
+    p: Parser = sub.add_parser(
+        name, help=help_, description=description or help_, epilog=epilog(name), formatter_class=_Formatter
+    )
     if connects:
         _connection_options(p, top=False)
     return p
@@ -127,9 +130,9 @@ def _add_demo(sub: Commands) -> None:
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.add_argument(
-        "--chunk-delay", type=float, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
+        "--chunk-delay", type=seconds, default=0.04, metavar="S", help="pause between demo-model chunks (0.04)"
     )
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)")
+    p.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S", help="give up after S seconds (60)")
     p.set_defaults(handler=handle_demo)
 
 
@@ -143,22 +146,27 @@ def _add_up(sub: Commands) -> None:
         connects=False,
     )
     p.add_argument(
-        "--port", type=int, help="NATS client port (default 4222, or a free one while 4222 is taken; 0 = a free port)"
+        "--port", type=port, help="NATS client port (default 4222, or a free one while 4222 is taken; 0 = a free port)"
     )
     p.add_argument("--data-dir", metavar="DIR", help="keep NATS data and logs here (default: a temp dir)")
     p.add_argument("--prefix", default="lw", help="subject/stream prefix the services use (default lw)")
     p.add_argument("--model", default="", help="default model of new loops (env LW_MODEL, default demo)")
     p.add_argument("--tools", metavar="A,B", help="built-in tool workers to start (default: all)")
-    p.add_argument("--chunk-delay", type=float, default=0.0, metavar="S", help="pause between demo-model chunks")
+    p.add_argument("--chunk-delay", type=seconds, default=0.0, metavar="S", help="pause between demo-model chunks")
     p.add_argument(
         "--console-port",
-        type=int,
+        type=port,
         metavar="N",
         help="operator console port (8080, or a free one while 8080 is taken; 0 = a free port)",
     )
     p.add_argument("--no-console", action="store_true", help="do not start the operator console")
     p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus /metrics from the services")
     p.set_defaults(handler=handle_up)
+
+
+def _served(service: str) -> dict[str, Any]:
+    """The help layout and examples of ``serve SERVICE``."""
+    return {"formatter_class": _Formatter, "epilog": epilog(f"serve {service}")}
 
 
 def _add_serve(sub: Commands) -> None:
@@ -169,12 +177,12 @@ def _add_serve(sub: Commands) -> None:
         "Run one service until SIGTERM/SIGINT, then drain and exit 0. Configuration: LW_* variables.",
     )
     which = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
-    s = which.add_parser("committer", help="the only writer of loop history", formatter_class=_Formatter)
+    s = which.add_parser("committer", help="the only writer of loop history", **_served("committer"))
     _connection_options(s, top=False)
     s.add_argument("--replicas", type=int, choices=(1, 3), help="stream and bucket replicas (env LW_REPLICAS)")
-    s = which.add_parser("model-step", help="drives loops: model, tools, commits", formatter_class=_Formatter)
+    s = which.add_parser("model-step", help="drives loops: model, tools, commits", **_served("model-step"))
     _connection_options(s, top=False)
-    s = which.add_parser("tool", help="serve tools: built-in names or module:attr", formatter_class=_Formatter)
+    s = which.add_parser("tool", help="serve tools: built-in names or module:attr", **_served("tool"))
     _connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _add_serve_mcp(which)
@@ -191,7 +199,7 @@ def _add_serve_mcp(which: Commands) -> None:
         "server runs as a supervised child over stdio (restarted with backoff when it exits or stops answering; "
         "it gets this environment minus LW_* variables); with --url it is reached over streamable HTTP. Several "
         "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
-        formatter_class=_Formatter,
+        **_served("mcp"),
     )
     _connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
@@ -204,9 +212,15 @@ def _add_serve_mcp(which: Commands) -> None:
         help="with --url: send HTTP header HEADER with the value of environment variable VAR (repeatable), "
         "e.g. Authorization=MCP_AUTH",
     )
-    s.add_argument("--timeout", type=float, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)")
     s.add_argument(
-        "--init-timeout", type=float, default=10.0, metavar="S", help="wait this long for initialize (default 10)"
+        "--timeout", type=positive_seconds, metavar="S", help="deadline of each call (env LW_TOOL_TIMEOUT_SECONDS)"
+    )
+    s.add_argument(
+        "--init-timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="wait this long for initialize (default 10)",
     )
     s.set_defaults(command=[])  # what follows "--" (see parse_args): argparse would read its options as ours
 
@@ -224,7 +238,7 @@ def _add_serve_agent(which: Commands) -> None:
         "closes the child. A call from a loop that already runs under NAME (a cycle, e.g. ping -> pong -> ping) or "
         "whose child would nest deeper than LW_AGENT_MAX_DEPTH (8) gets an error result instead of a child. "
         "Several workers with the same NAME share the calls.",
-        formatter_class=_Formatter,
+        **_served("agent"),
     )
     _connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
@@ -237,7 +251,7 @@ def _add_serve_agent(which: Commands) -> None:
     )
     s.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         metavar="S",
         help="deadline of each call in seconds (default 86400: a child may wait at gates)",
     )
@@ -252,7 +266,7 @@ def _add_console(sub: Commands) -> None:
         "is not loopback needs LW_CONSOLE_TOKEN, which the page then sends with every request.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--port", type=port, default=8080, help="port (default 8080)")
     p.set_defaults(handler=handle_console)
 
 
@@ -283,8 +297,8 @@ def _add_start(sub: Commands) -> None:
         help="retry policy of a read-only or idempotent tool: attempts, initial and maximum backoff "
         "seconds (repeatable; overrides the tool's own)",
     )
-    p.add_argument("--max-iterations", type=int, metavar="N", help="tool steps per turn (25)")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens per model response (provider default)")
+    p.add_argument("--max-iterations", type=count, metavar="N", help="tool steps per turn (25)")
+    p.add_argument("--max-tokens", type=count, metavar="N", help="tokens per model response (provider default)")
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
     budgets.add_budget_options(p)
     contextopts.add_context_options(p)
@@ -316,7 +330,9 @@ def _add_send(sub: Commands) -> None:
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("text", metavar="TEXT", help="the user's message; - reads it from standard input")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="with --wait: give up after S s (300)")
+    p.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, metavar="S", help="with --wait: give up after S s (300)"
+    )
     _json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_send))
 
@@ -326,7 +342,7 @@ def _add_history(sub: Commands) -> None:
 
     p = _command(sub, "history", "print a loop's committed history (replayed from JetStream)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first stream sequence")
+    p.add_argument("--from", dest="from_seq", type=sequence, default=1, metavar="SEQ", help="first stream sequence")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(historycmds.cmd_history))
 
@@ -342,7 +358,7 @@ def _add_tail(sub: Commands) -> None:
         "the history so far is printed first (--new skips it); without LOOP only new events are shown.",
     )
     p.add_argument("loop", metavar="LOOP", nargs="?", help="loop id (default: every loop)")
-    p.add_argument("--from", dest="from_seq", type=int, metavar="SEQ", help="start at this stream sequence")
+    p.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this stream sequence")
     p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
     p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
     _json_option(p)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
@@ -80,3 +81,58 @@ def belongs_elsewhere(top: argparse.ArgumentParser, command: argparse.ArgumentPa
         elif close := difflib.get_close_matches(option, own, n=1):
             hints.append(f"did you mean {close[0]}?")
     return "; " + "; ".join(hints) if hints else ""
+
+
+# --- value types: a value out of range is a usage error, found before anything connects ------------
+
+
+def _integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, got {raw!r}") from None
+
+
+def _number(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a finite number, got {raw!r}")
+    return value
+
+
+def port(raw: str) -> int:
+    value = _integer(raw)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port from 0 to 65535, got {raw!r}")
+    return value
+
+
+def count(raw: str) -> int:
+    value = _integer(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count of 0 or more, got {raw!r}")
+    return value
+
+
+def sequence(raw: str) -> int:
+    value = _integer(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a stream sequence from 1, got {raw!r}")
+    return value
+
+
+def seconds(raw: str) -> float:
+    value = _number(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seconds of 0 or more, got {raw!r}")
+    return value
+
+
+def positive_seconds(raw: str) -> float:
+    value = _number(raw)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"seconds above 0, got {raw!r}")
+    return value

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.runner import run_service
-from shared.settings import Settings, split_list
+from services.runner import env_settings, run_service
+from shared.settings import split_list
 
 from .service import CommitterService
 
@@ -31,10 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["replicas"] = args.replicas
     if args.log_level:
         overrides["log_level"] = args.log_level
-    try:
-        settings = Settings.from_env(None, **overrides)
-    except ValueError as e:
-        parser.error(str(e))
+    settings = env_settings(**overrides)
     return run_service("committer", CommitterService(settings), settings)
 
 

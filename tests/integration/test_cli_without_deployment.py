@@ -61,7 +61,14 @@ def test_a_server_without_loopwire_is_said_to_be_one(bare_server: NatsServer, ar
 
 @pytest.mark.parametrize(
     "argv",
-    [["loops"], ["serve", "committer"], ["serve", "tool", "calculator"], ["-m", "services.tools", "calculator"]],
+    [
+        ["loops"],
+        ["serve", "committer"],
+        ["serve", "tool", "calculator"],
+        ["-m", "services.tools", "calculator"],
+        ["-m", "services.committer"],
+        ["-m", "services.model_step"],
+    ],
     ids=" ".join,
 )
 def test_a_url_of_another_scheme_is_named_not_looked_up(argv: list[str]) -> None:

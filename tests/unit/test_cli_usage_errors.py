@@ -75,8 +75,8 @@ def _cases() -> Iterator[tuple[str, list[str], str]]:
                 continue
             option = a.option_strings[0]
             yield p.prog, [*base, option], f"argument {option}: expected one argument"
-            if a.choices is not None or a.type in (int, float):
-                yield p.prog, [*base, option, "abc"], f"argument {option}: invalid"
+            if a.choices is not None or a.type is not None:
+                yield p.prog, [*base, option, "abc"], f"argument {option}: "
     for p in [PARSER, *COMMANDS]:
         if not _is_leaf(p):  # a command of commands: without its sub-command, and with an unknown one
             yield p.prog, _path(p), "the following arguments are required"
@@ -147,6 +147,13 @@ def test_an_option_of_another_command_says_whose_it_is(
         ),
         (["start", "--maxcost", "1"], "did you mean --max-cost-usd?"),
         (["send"], "error: loopwire send: the following arguments are required: LOOP, TEXT"),
+        (["up", "--port", "70000"], "argument --port: a port from 0 to 65535, got '70000'"),
+        (["console", "--port", "-1"], "argument --port: a port from 0 to 65535, got '-1'"),
+        (["start", "--max-iterations", "-1"], "argument --max-iterations: a count of 0 or more, got '-1'"),
+        (["history", "abcd", "--from", "0"], "argument --from: a stream sequence from 1, got '0'"),
+        (["send", "abcd", "hi", "--timeout", "nan"], "argument --timeout: a finite number, got 'nan'"),
+        (["demo", "--timeout", "0"], "argument --timeout: seconds above 0, got '0'"),
+        (["demo", "--chunk-delay", "-1"], "argument --chunk-delay: seconds of 0 or more, got '-1'"),
     ],
 )
 def test_the_reported_lines(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
