@@ -173,7 +173,8 @@ class ToolRegistry:
         assert self._watcher is not None
         async for entry in self._watcher:
             if entry is not None:  # (None: nats-py's "initial values done", no end: see _load)
-                revision = self._watched_up_to = entry.revision or 0
+                revision = entry.revision or 0
+                self._watched_up_to = max(self._watched_up_to, revision)
                 self._take(entry.key, entry.value, entry.operation, revision)
                 if self._loaded.is_set() and revision > self._fetched_up_to:
                     # Past every revision read directly: the watch delivers in revision order, so
