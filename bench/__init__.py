@@ -12,6 +12,9 @@
   (npm server + Python SDK) and loopwire R1 / R3;
 * ``commit`` — the committer's own latency bench (``bench/commit_latency.py``).
 
+``python -m bench.durability`` compares JetStream's ``sync_interval: always`` with the default
+fsync policy on the many-loops workload and the 64-loop commit run (steps/s, commit p50, ratios).
+
 Each prints its tables and writes JSON under ``bench/results/``; ``all`` also writes the plot and
 ends with the targets table (``bench/targets.py``: MET, MISS or not measured, from that run only).
 Peers whose packages are missing, and the plot without matplotlib, are skipped with the reason.

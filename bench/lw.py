@@ -38,6 +38,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.common import pct
+from bench.natsconf import SYNC_DEFAULT, SyncedNatsServer
 from bench.workload import USER_TEXT, write_script
 from services import deployment
 from shared.client import LoopClient
@@ -143,6 +144,7 @@ class Deployment:
     shards: int = 1  # LW_SHARDS
     nodes: int = 3  # cluster size
     env_extra: dict[str, str] = field(default_factory=dict)
+    sync_interval: str = SYNC_DEFAULT  # JetStream's fsync policy on the single server (bench/natsconf.py)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lw-bench-")))
     server: NatsServer | None = None
     nats_cluster: NatsCluster | None = None
@@ -171,10 +173,13 @@ class Deployment:
 
     def start_nats(self) -> None:
         if self.cluster:
+            if self.sync_interval:
+                raise ValueError("sync_interval is set on the single server only")
             self.nats_cluster = NatsCluster(base_dir=str(self.work / "nats"), size=self.nodes).start()
             self.urls = self.nats_cluster.urls
         else:
-            self.server = NatsServer(store_dir=str(self.work / "nats")).start()
+            server = SyncedNatsServer(store_dir=str(self.work / "nats"), sync_interval=self.sync_interval)
+            self.server = server.start()
             self.urls = [self.server.url]
         extra = {
             # On the cluster every process connects to the first node, as the floor's clients do.

@@ -20,7 +20,8 @@ async def compact(
     d: Drive, h: LoopHistory, t: OpenTurn, step_id: str, fitted: context.Fitted, step: ModelRequest
 ) -> bool:
     """Have the model summarise the older messages and commit it (ContextCompacted); False when
-    nothing is left to summarise. A failed summary fails the turn (and returns True).
+    nothing is left to summarise. A failed summary fails the turn (and returns True), and so does
+    a message no request can hold even alone (``context_overflow``, nothing asked or committed).
 
     A model-step stopped meanwhile committed nothing: whoever runs the step next compacts the
     same messages again (the range depends only on the history). Two replicas cannot both
@@ -35,6 +36,8 @@ async def compact(
     fixed = context.fixed_tokens(step.system, step.tools, count)
     c = h.compaction
     previous = (c.upto, compaction_message(c.summary)) if c is not None else None
+    if await _fail_oversized(d, h, previous[0] if previous is not None else 0, fixed, fitted.limit, count):
+        return True
     window = policy.window or context_window(loop_spec)
     plan = context.plan_compaction(h.messages, previous, fixed, window, fitted, count, d.memo)
     if plan is None:
@@ -85,6 +88,19 @@ async def compact(
 
     await d.commit(h, build)
     tracing.chat_context(None, context.COMPACT, after, plan.tokens_before, 0)
+    return True
+
+
+async def _fail_oversized(
+    d: Drive, h: LoopHistory, start: int, fixed: int, limit: int, count: tokens.TextCounter
+) -> bool:
+    """Fail the turn (``context_overflow``) if a message not yet summarised is too large for any
+    request on its own. Checked before anything is asked or committed: no summary is written."""
+    big = context.oversized(h.messages[start:], fixed, limit, count, d.memo)
+    if big is None:
+        return False
+    index, size = big
+    await turns.fail_turn(d, h, "context_overflow", context.oversized_message(start + index + 1, size, fixed, limit))
     return True
 
 

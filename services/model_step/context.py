@@ -154,6 +154,8 @@ __all__ = [
     "fixed_tokens",
     "input_limit",
     "overflow_message",
+    "oversized",
+    "oversized_message",
     "plan_compaction",
     "tokens_of",
     "wants_compaction",
@@ -182,6 +184,31 @@ def overflow_message(f: Fitted) -> str:
     return (
         f"the model request needs {f.tokens} input tokens after its context strategy "
         f"({f.full_tokens} before), over the {f.limit} the window leaves after the response's reserve"
+    )
+
+
+def oversized(
+    messages: Sequence[Message], fixed: int, limit: int, count: TextCounter, memo: Memo | None = None
+) -> tuple[int, int] | None:
+    """The first of ``messages`` that no request can hold, even alone with the fixed part (system
+    prompt, tool definitions): its index and tokens; None when each fits on its own.
+
+    Compaction cannot help such a message: the model would only ever see a summary of it, written
+    by a summary request that cannot hold it either.
+    """
+    for i, m in enumerate(messages):
+        n = tokens_of(m, count, memo)
+        if fixed + n > limit:
+            return i, n
+    return None
+
+
+def oversized_message(number: int, tokens: int, fixed: int, limit: int) -> str:
+    """The TurnFailed (context_overflow) text of a message larger than the window on its own."""
+    return (
+        f"message {number} alone needs {fixed + tokens} input tokens ({tokens} for the message, {fixed} for the "
+        f"system prompt and tools), over the {limit} the window leaves after the response's reserve: "
+        "compaction cannot make it fit"
     )
 
 

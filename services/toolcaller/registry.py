@@ -49,8 +49,12 @@ def _silence_seconds() -> float:
     return REFRESH_SECONDS + 2 * _SWEEP_SECONDS
 
 
-_KV_DEL: Final = "DEL"
-_KV_PURGE: Final = "PURGE"
+_KV_DEL: Final = bucket.KV_DEL
+_KV_PURGE: Final = bucket.KV_PURGE
+# Start-up (see ToolRegistry._load): how long a silent watch is waited for, and how many entries
+# are read directly at once.
+_LOAD_QUIET_SECONDS: Final = 0.5
+_DIRECT_READS: Final = 16
 
 
 # (ToolSpec.input_schema is a JSON Schema of any JSON values: the one Any of this module.)
@@ -89,6 +93,12 @@ class ToolRegistry:
         self._live: list[LiveTool] | None = None
         self._changed = anyio.Event()
         self._loaded = asyncio.Event()
+        # While starting (see _load): the newest revision applied per key, the newest read directly,
+        # the watch's newest, and an event set on each thing the watch delivers.
+        self._revisions: dict[str, int] | None = {}
+        self._fetched_up_to = 0
+        self._watched_up_to = 0
+        self._progress = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: _Watcher | None = None
@@ -105,10 +115,47 @@ class ToolRegistry:
     async def start(self, timeout: float = 10.0) -> None:
         kv = await bucket.ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
         self._watcher = cast(_Watcher, await kv.watchall())
-        self._task = asyncio.get_running_loop().create_task(self._follow(kv))
+        self._task = asyncio.get_running_loop().create_task(self._follow())
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         with anyio.fail_after(timeout):
-            await self._loaded.wait()
+            await self._load()
+
+    async def _load(self) -> None:
+        """Return once every key the bucket held when the watch began is in the view.
+
+        nats-py's "initial values done" (its marker, or the entry that left nothing pending) is no
+        end to wait for: it compares message counts, so it can come before entries the server had
+        already sent; and while workers rewrite their entries, an entry due in the initial values
+        is replaced (the bucket keeps one revision) before it is sent, its new revision comes
+        later as an update, and the consumer's pending count can reach 0 first. So the keys and
+        the bucket's last revision are read once the watch exists; each key is done when the
+        watch delivers it. Once the watch is past that revision (it delivers in revision order),
+        a key still missing was rewritten, removed or expired meanwhile: it is read directly, at
+        its current revision, and the watch's older revisions of it are then skipped.
+        """
+        keys, last = await bucket.tools_bucket_keys(self._nc, self._names)
+        revisions = self._revisions
+        assert revisions is not None
+        while not keys <= revisions.keys() and self._watched_up_to < last:
+            self._progress.clear()
+            # A quiet watch short of ``last``: that revision itself is gone (expired, say).
+            with anyio.move_on_after(_LOAD_QUIET_SECONDS) as quiet:
+                await self._progress.wait()
+            if quiet.cancelled_caught:
+                break
+        limiter = anyio.CapacityLimiter(_DIRECT_READS)
+
+        async def read(key: str) -> None:
+            async with limiter:
+                entry = await bucket.read_entry(self._nc, self._names, key)
+            if entry is not None:
+                self._fetched_up_to = max(self._fetched_up_to, entry.revision)
+                self._take(entry.key, entry.value, entry.operation, entry.revision)
+
+        async with anyio.create_task_group() as tg:
+            for key in sorted(keys - revisions.keys()):
+                tg.start_soon(read, key)
+        self._loaded.set()
 
     async def stop(self) -> None:
         for task in (self._task, self._sweeper):
@@ -122,35 +169,29 @@ class ToolRegistry:
                 await self._watcher.stop()
             self._watcher = None
 
-    async def _follow(self, kv: KeyValue) -> None:
+    async def _follow(self) -> None:
         assert self._watcher is not None
-        applied = 0
         async for entry in self._watcher:
-            if entry is None:
-                # nats-py's "initial values done" marker can come before entries the server had
-                # already delivered (it compares its count of received messages, still 0 while they
-                # wait for its callback, with the consumer's pending count, already 0): before any
-                # entry it is believed only for an empty bucket; otherwise the entry that left
-                # nothing pending (below) marks the end of the initial values.
-                if not self._loaded.is_set() and (applied or await self._bucket_empty(kv)):
-                    self._loaded.set()
-                continue
-            applied += 1
-            try:
-                self._apply(entry.key, entry.value, entry.operation)
-            except Exception:  # one bad entry never stops discovery
-                log.warning("tools registry: ignoring entry %r", entry.key, exc_info=True)
-            if entry.delta == 0:
-                self._loaded.set()
+            if entry is not None:  # (None: nats-py's "initial values done", no end: see _load)
+                revision = entry.revision or 0
+                self._watched_up_to = max(self._watched_up_to, revision)
+                self._take(entry.key, entry.value, entry.operation, revision)
+                if self._loaded.is_set() and revision > self._fetched_up_to:
+                    # Past every revision read directly: the watch delivers in revision order, so
+                    # nothing older of any key is still to come.
+                    self._revisions = None
+            self._progress.set()
 
-    @staticmethod
-    async def _bucket_empty(kv: KeyValue) -> bool:
-        """Whether the bucket holds no entry (False when JetStream cannot tell: wait for entries)."""
+    def _take(self, key: str, value: bytes | None, op: str | None, revision: int) -> None:
+        """Apply one entry unless, during the start, a newer revision of its key is already applied."""
+        if self._revisions is not None:
+            if revision <= self._revisions.get(key, 0):
+                return
+            self._revisions[key] = revision
         try:
-            return (await kv.status()).values == 0
-        except Exception:
-            log.warning("tools registry: cannot read the bucket's status", exc_info=True)
-            return False
+            self._apply(key, value, op)
+        except Exception:  # one bad entry never stops discovery
+            log.warning("tools registry: ignoring entry %r", key, exc_info=True)
 
     def _apply(self, key: str, value: bytes | None, op: str | None) -> None:
         name, _, worker_id = key.partition(".")

@@ -11,6 +11,7 @@ from nats.aio.client import Client as NATS
 from services.toolcaller.registry import ToolRegistry
 from services.toolwire.bucket import ensure_tools_bucket, registration_key
 from services.toolwire.spec import Registration, ToolSpec
+from shared.connect import connect
 from shared.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -51,3 +52,65 @@ async def test_start_sees_deletions_and_then_follows_new_workers(nc: NATS, setti
         await kv.put(registration_key("gamma", "w"), msgspec.json.encode(reg))
         await registry.wait_for("gamma", timeout=5)
         assert [t.name for t in registry.live()] == ["alpha", "gamma"]
+
+
+CHURN_TOOLS = 150
+CHURN_STARTS = 500
+
+
+async def test_every_start_sees_every_live_tool_while_workers_rewrite_and_add_entries(
+    nc: NATS, settings: Settings
+) -> None:
+    """Workers refresh their entries, new ones register and old ones leave while callers start: each
+    start still holds every entry written before it began and not deleted since."""
+    writer = await connect(settings, name="test-writers")
+    kv = await ensure_tools_bucket(writer.jetstream(), settings.names)
+    written: set[str] = set()  # tool names acked by the bucket so far
+    gone: set[str] = set()  # names deleted (or about to be): a start may rightly miss them
+    added: list[str] = []
+
+    async def put(name: str) -> None:
+        reg = Registration(worker_id="w", spec=ToolSpec(name=name, description="d" * 200))
+        await kv.put(registration_key(name, "w"), msgspec.json.encode(reg))
+        written.add(name)
+
+    for i in range(CHURN_TOOLS):
+        await put(f"tool_{i}")
+
+    async def refresh() -> None:
+        # Every entry rewritten at once, over and over (well inside the bucket's TTL), as a worker's
+        # refresh does for each of its tools.
+        while True:
+            async with anyio.create_task_group() as burst:
+                for name in [f"tool_{i}" for i in range(CHURN_TOOLS)] + added:
+                    burst.start_soon(put, name)
+
+    async def come_and_go() -> None:
+        # New workers register; the oldest of them leave again (a deletion marker each).
+        k = 0
+        while True:
+            name = f"new_{k}"
+            await put(name)
+            added.append(name)
+            k += 1
+            if len(added) > 60:
+                old = added.pop(0)
+                gone.add(old)
+                await kv.delete(registration_key(old, "w"))
+            await anyio.sleep(0.003)
+
+    short: list[tuple[int, list[str]]] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refresh)
+            tg.start_soon(come_and_go)
+            for attempt in range(CHURN_STARTS):
+                before = set(written)
+                async with ToolRegistry(nc, settings.names) as registry:
+                    missing = sorted(before - {t.name for t in registry.live()} - gone)
+                if missing:
+                    short.append((attempt, missing[:5]))
+            tg.cancel_scope.cancel()
+    finally:
+        await writer.close()
+    assert short == [], f"{len(short)} of {CHURN_STARTS} starts missed entries (attempt, first missing): {short[:10]}"

@@ -196,6 +196,24 @@ async def test_a_request_that_cannot_fit_fails_the_turn(settings: Settings, nc: 
             await lc.start(str(uuid.uuid4()), model=model, context=ev.ContextPolicy(trigger=100))
 
 
+async def test_a_message_larger_than_the_window_is_not_compacted(settings: Settings, nc: NATS, tmp_path: Path) -> None:
+    """Compaction could only replace it by a summary nobody could write from it: the turn fails."""
+    model = write_script(tmp_path, {"responses": ["never asked"], "summary": "a summary", "report_input_tokens": True})
+    with system(settings, tools=()):
+        lc = LoopClient(nc, settings.names)
+        started = await acli(
+            settings, "start", "--model", model, "--context", "compact", "--context-window", "1024", "--json"
+        )
+        loop_id = json.loads(started)["loop_id"]
+        await lc.input(loop_id, " ".join(f"w{i}" for i in range(600)))  # about 1,200 tokens: over 768
+        await wait_history(nc, settings, loop_id, lambda h: h.idle, timeout=30)
+        events = await history(nc, settings, loop_id)
+        failed = [e for _, e in events if isinstance(e, ev.TurnFailed)]
+        assert [f.err.kind for f in failed] == ["context_overflow"], events
+        assert "message 1 alone needs" in failed[0].err.message and "over the 768" in failed[0].err.message
+        assert not _compactions(events) and not [e for _, e in events if isinstance(e, ev.StepDone)]
+
+
 async def test_the_readme_long_loop_example_runs(settings: Settings, nc: NATS, tmp_path: Path) -> None:
     assert (ROOT / "examples" / "long_loop.py").read_text() == LONG_LOOP
     with system(settings, tools=("calculator",)):

@@ -24,6 +24,8 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.toolwire.bucket import ensure_tools_bucket, read_entry, registration_key, tools_bucket_keys
+from services.toolwire.spec import Registration, ToolSpec
 from shared.connect import connect
 from shared.natsserver import NatsServer
 from shared.publish import js_publish
@@ -145,6 +147,31 @@ async def test_permissions_refuse_what_they_should(sc: SecuredCluster) -> None:
     await check_refused(sc, "reader", [f"lw.api.{loop}.start", f"lw.hist.{loop}", f"lw.commit.{loop}"], [])
     await check_model_step_append_gets_no_ack(sc, loop)
     assert await stream_state(sc) == before, "a refused request changed the history stream"
+
+
+async def test_every_tool_registry_reader_may_read_the_tools_bucket_directly(sc: SecuredCluster) -> None:
+    """A starting tool registry reads the entries its watch has not delivered yet directly (their
+    keys from the stream's info, each entry with a message get): the model-step, the operator's CLI
+    and console, and an MCP bridge may all do so."""
+    worker = await connect(as_user(sc, "tool_calculator"))
+    names = as_user(sc, "tool_calculator").names
+    key = registration_key("calculator", f"sec-{uuid.uuid4().hex[:8]}")
+    try:
+        kv = await ensure_tools_bucket(worker.jetstream(timeout=5), names, replicas=3)
+        reg = Registration(worker_id=key.partition(".")[2], spec=ToolSpec(name="calculator"))
+        await kv.put(key, msgspec.json.encode(reg))
+        for user in ("model_step", "operator", "mcp_time"):
+            nc = await connect(as_user(sc, user))
+            try:
+                keys, last = await tools_bucket_keys(nc, names)
+                entry = await read_entry(nc, names, key)
+            finally:
+                await nc.close()
+            assert key in keys and entry is not None and 0 < entry.revision <= last, user
+            assert msgspec.json.decode(entry.value, type=Registration) == reg, user
+        await kv.delete(key)
+    finally:
+        await worker.close()
 
 
 async def check_refused(sc: SecuredCluster, user: str, publish: list[str], subscribe: list[tuple[str, str]]) -> None:

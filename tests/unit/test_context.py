@@ -17,6 +17,8 @@ from services.model_step.context import (
     fit_request,
     input_limit,
     overflow_message,
+    oversized,
+    oversized_message,
     plan_compaction,
     wants_compaction,
 )
@@ -239,6 +241,18 @@ def test_plan_compaction_summarises_the_older_messages() -> None:
     assert again is not None and again.previous_upto == plan.upto and again.upto > plan.upto
     assert again.messages[0] == summary
     assert plan_compaction(msgs, (len(msgs), summary), 0, 16_000, f, estimate) is None
+
+
+def test_a_message_no_request_can_hold_alone_is_found() -> None:
+    count = text_counter("scripted:x.json")
+    big = user_text(" ".join(f"w{i}" for i in range(600)))  # 1,200 tokens or so
+    size = message_tokens(big, count)
+    msgs = [user_text("go"), *_step(0, size=200), big]
+    assert oversized(msgs, 0, size, count) is None  # it fits alone, just
+    assert oversized(msgs, 1, size, count) == (3, size)  # with the system prompt and tools it does not
+    assert oversized(msgs[:3], 0, 768, count) is None
+    text = oversized_message(4, size, 1, size)
+    assert f"message 4 alone needs {size + 1} input tokens" in text and f"over the {size}" in text
 
 
 def test_below_the_trigger_nothing_is_compacted() -> None:
