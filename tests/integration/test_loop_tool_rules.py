@@ -11,11 +11,14 @@ from nats.aio.client import Client as NATS
 
 from services.toolwire.bucket import ensure_tools_bucket, registration_key
 from services.toolwire.spec import Registration, ToolSpec
-from shared.client import LoopClient
+from shared.client import CommitClient, LoopClient
+from shared.content import user_text
+from shared.events import TurnDone, TurnStarted, make
 from shared.protocol import ApiReply, InvalidRequestError, StartRequest, encode
 from shared.replay import replay
 from shared.settings import Settings
-from tests.integration.committer_fixtures import new_id, running_committer
+from tests.integration.committer_fixtures import input_submitted, loop_started, new_id, running_committer, step
+from tests.integration.test_history import tool_step
 
 pytestmark = pytest.mark.anyio
 T = 10.0
@@ -103,3 +106,22 @@ async def test_start_refuses_a_model_of_no_known_form(committer: Settings, nc: N
     with pytest.raises(InvalidRequestError) as err:
         await api.start(model="dmeo")
     assert err.value.body.field == "model" and "unknown model 'dmeo'" in err.value.body.message
+
+
+async def test_a_fork_may_name_a_tool_its_source_called_though_none_is_live(committer: Settings, nc: NATS) -> None:
+    source = new_id()
+    t = new_id()
+    records = [
+        loop_started(source),
+        input_submitted(source, "use calc"),
+        make(TurnStarted, loop_id=source, turn_id=t, turn_index=1, message=user_text("use calc")),
+        tool_step(source, t, "call_1"),  # a call of "calc", a tool no worker registers now
+        step(source, t, "done"),
+        make(TurnDone, loop_id=source, turn_id=t, turn_index=1),
+    ]
+    await CommitClient(nc, committer.names, T).commit(source, 0, records)
+    api = LoopClient(nc, committer.names, T)
+    with pytest.raises(InvalidRequestError) as err:
+        await api.fork(source, at=2, reexecution={"calk": "reuse"})
+    assert err.value.body.message == "reexecution: 'calk' is not a tool of the loop (did you mean calc?)"
+    assert (await api.fork(source, at=2, reexecution={"calc": "reuse"}, policy={"calc": "ask"})).seq > 0
