@@ -129,3 +129,21 @@ def test_a_bad_model_is_refused_before_connecting(args: list[str]) -> None:
     done = subprocess.run([LOOPWIRE, *args], env=env, capture_output=True, text=True, timeout=60)
     line = one_error_line(done)
     assert line.startswith("error: --model: ") and "cannot connect" not in line
+
+
+@pytest.mark.parametrize("args", [["up", "--port", "0", "--no-console"], ["demo", "--plain"]], ids=["up", "demo"])
+def test_up_and_demo_refuse_a_bad_model_before_starting_anything(args: list[str], tmp_path: Path) -> None:
+    for model, expected in [
+        ("dmeo", "error: --model: unknown model 'dmeo'"),
+        (f"scripted:{tmp_path / 'nope.json'}", "error: --model: scripted model: cannot read"),
+    ]:
+        started = time.monotonic()
+        done = subprocess.run(
+            [LOOPWIRE, *args, "--model", model, "--data-dir", str(tmp_path / "data")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert one_error_line(done).startswith(expected), done.stderr
+        assert time.monotonic() - started < 10
+        assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())  # nothing started
