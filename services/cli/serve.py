@@ -105,7 +105,7 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
         )
     except ValueError as e:
         raise CliError(str(e)) from None
-    anyio.run(_check_agent_tools, settings, tools, list(policy))
+    anyio.run(_check_agent_tools, settings, args.name, tools, list(policy))
     return run_service(f"agent:{args.name}", ToolService([tool], settings), settings)
 
 
@@ -114,8 +114,9 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
 AGENT_TOOLS_WAIT_SECONDS = 5.0
 
 
-async def _check_agent_tools(settings: Settings, tools: list[str] | None, policy: list[str]) -> None:
-    """The child loops' tools are live and their policy names their tools: said now, not at the first call."""
+async def _check_agent_tools(settings: Settings, name: str, tools: list[str] | None, policy: list[str]) -> None:
+    """The child loops' tools are live and their policy names their tools (or, with every live tool,
+    the agent itself, which registers once it serves): said now, not at the first call."""
     from services.cli.session import session
     from services.cli.valuechecks import require_live_tools, require_policy_tools
     from services.toolwire.spec import valid_tool_name
@@ -126,7 +127,7 @@ async def _check_agent_tools(settings: Settings, tools: list[str] | None, policy
     async with session(settings) as nc:
         if tools:
             await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS)
-        await require_policy_tools(nc, settings, policy, tools, "--policy")
+        await require_policy_tools(nc, settings, policy, tools, "--policy", also=[name])
 
 
 async def _reachable(settings: Settings) -> None:

@@ -74,9 +74,9 @@ async def require_live_tools(nc: NATS, settings: Settings, names: list[str], opt
 
 
 async def require_policy_tools(
-    nc: NATS, settings: Settings, policy: Iterable[str], tools: list[str] | None, option: str
+    nc: NATS, settings: Settings, policy: Iterable[str], tools: list[str] | None, option: str, also: Iterable[str] = ()
 ) -> None:
-    """Every tool a policy names is one of the loop's: ``tools``, else a live tool."""
+    """Every tool a policy names is one of the loop's: ``tools``, else a live tool or one of ``also``."""
     rules = list(policy)
     if not needs_known(rules):
         return
@@ -85,6 +85,7 @@ async def require_policy_tools(
     else:
         from services.toolcaller.registry import registered_names
 
-        known, listed = await registered_names(nc, settings.names, replicas=settings.replicas), False
+        live = await registered_names(nc, settings.names, replicas=settings.replicas)
+        known, listed = live | frozenset(also), False
     if problem := unknown_rule(option, rules, known, listed=listed):
         raise CliError(problem)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -147,3 +148,18 @@ def test_up_and_demo_refuse_a_bad_model_before_starting_anything(args: list[str]
         assert one_error_line(done).startswith(expected), done.stderr
         assert time.monotonic() - started < 10
         assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())  # nothing started
+
+
+def test_a_sub_agent_s_policy_may_name_the_agent_itself(up: Up) -> None:
+    # Documented: the agent is denied to its own children unless --policy NAME=allow; it registers
+    # only once it serves, so the check counts it among the child's tools.
+    agent = up.popen("serve", "agent", "selfish", "--model", "demo", "--policy", "selfish=allow")
+    try:
+        deadline = time.monotonic() + 30
+        while '"selfish"' not in up.run("tools", "--json").stdout:
+            assert agent.poll() is None, agent.communicate()
+            assert time.monotonic() < deadline, "the agent never served"
+            time.sleep(0.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
