@@ -121,9 +121,9 @@ async def _check_agent_tools(settings: Settings, name: str, tools: list[str] | N
     from services.cli.valuechecks import require_live_tools, require_policy_tools
     from services.toolwire.spec import valid_tool_name
 
-    for name in tools or ():
-        if not valid_tool_name(name):
-            raise CliError(f"--tools: {name!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
+    for tool in tools or ():
+        if not valid_tool_name(tool):
+            raise CliError(f"--tools: {tool!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
     async with session(settings) as nc:
         if tools:
             await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS)
