@@ -274,14 +274,18 @@ def _add_start(sub: Commands) -> None:
     from services.cli import budgets, contextopts, loopcmds
 
     p = _command(sub, "start", "start a loop; prints its id")
-    p.add_argument("--model", help="model spec: demo, scripted:PATH, openai:NAME, anthropic:NAME (default LW_MODEL)")
+    p.add_argument(
+        "--model",
+        help="model spec: demo, scripted:PATH, openai:NAME, anthropic:NAME (default: LW_MODEL when set here, "
+        "else the deployment's default model)",
+    )
     p.add_argument("--system", help="system prompt")
     p.add_argument("--tools", metavar="A,B", help="tool allow-list (default: every live tool; '' = none)")
     p.add_argument(
         "--policy",
         action="append",
         metavar="TOOL=EFFECT",
-        help="allow | deny | ask for a tool (repeatable; TOOL * sets every tool)",
+        help="allow | deny | ask for a tool of the loop (repeatable; TOOL * sets every other tool)",
     )
     p.add_argument("--default-policy", choices=POLICY_EFFECTS, help="effect for unlisted tools (allow)")
     p.add_argument(

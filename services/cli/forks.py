@@ -14,6 +14,7 @@ from services.cli.output import make_console, out
 from services.cli.policyopts import parse_policy
 from services.cli.render import clip, describe, json_line
 from services.cli.session import session
+from services.cli.valuechecks import checked_model
 from shared.events import Event, LoopForked, ParentRef
 from shared.forking import common_prefix, content_of, conversation, origins
 from shared.replay import loops, replay
@@ -50,6 +51,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     if args.input is not None and not args.input.strip():
         raise CliError("--input must not be empty")
     policy = parse_policy(args.policy or [])
+    model = checked_model(args.model, "--model") if args.model is not None else None
     from shared.client import LoopClient
 
     async with session(settings) as nc:
@@ -58,7 +60,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
             source,
             at=at,
             input=args.input,
-            model=args.model,
+            model=model,
             system=args.system,
             policy=policy or None,
             reexecution=parse_reexecution(args.reexecute or []) or None,

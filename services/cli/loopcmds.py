@@ -10,7 +10,6 @@ from typing import Any, Final
 
 import anyio
 import msgspec
-from nats.aio.client import Client as NATS
 from rich import box
 from rich.table import Table
 
@@ -23,33 +22,21 @@ from services.cli.output import cells, make_console, out
 from services.cli.policyopts import parse_policy, parse_retries
 from services.cli.render import clip, describe, json_line, short
 from services.cli.session import session
+from services.cli.valuechecks import checked_model, model_from_env, require_live_tools
 from services.toolwire.spec import valid_tool_name
 from shared.client import LoopClient
 from shared.events import Event, Limits, PermissionRequested, TurnDone, TurnFailed, UserInputRequested
-from shared.modelspec import model_id, spec_problem
+from shared.modelspec import model_id
 from shared.replay import loops
 from shared.settings import Settings, split_list
 from shared.turns import wait_for_turn
-
-
-async def _require_live_tools(nc: NATS, settings: Settings, names: list[str]) -> None:
-    """Every tool ``names`` lists has a live worker: a misspelt name is an error, not a loop without it."""
-    from services.toolcaller.registry import ToolRegistry
-
-    async with ToolRegistry(nc, settings.names, replicas=settings.replicas) as registry:
-        missing = [n for n in names if registry.get(n) is None]
-        live = [t.name for t in registry.live()]
-    if missing:
-        known = ", ".join(live) if live else "none"
-        raise CliError(f"--tools: no live tool named {', '.join(missing)} (live: {known}; loopwire tools lists them)")
 
 
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     loop_id = require_uuid(args.loop_id, "--loop-id") if args.loop_id else str(uuid.uuid4())
     policy = parse_policy(args.policy or [])
     tools = list(split_list(args.tools)) if args.tools is not None else None
-    if args.model and (problem := spec_problem(args.model)):
-        raise CliError(f"--model: {problem}")
+    model = checked_model(args.model, "--model") if args.model is not None else model_from_env(settings)
     for name in tools or ():
         if not valid_tool_name(name):
             raise CliError(f"--tools: {name!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
@@ -61,10 +48,10 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
         )
     async with session(settings) as nc:
         if tools:
-            await _require_live_tools(nc, settings, tools)
+            await require_live_tools(nc, settings, tools, "--tools")
         res = await LoopClient(nc, settings.names).start(
             loop_id,
-            model=args.model,
+            model=model,
             system=args.system,
             tools=tools,
             policy=policy or None,

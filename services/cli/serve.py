@@ -77,6 +77,7 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
     from services.cli.policyopts import parse_policy
+    from services.cli.valuechecks import checked_model
     from services.tools.agent import DEFAULT_AGENT_TIMEOUT_SECONDS, agent_tool
     from services.tools.service import ToolService
     from shared.settings import split_list
@@ -89,19 +90,44 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
             raise CliError(f"cannot read --instructions {args.instructions}: {type(e).__name__}") from None
     if args.timeout is not None and not args.timeout > 0:
         raise CliError("--timeout must be > 0 seconds")
+    model = checked_model(args.model, "--model")
+    tools = list(split_list(args.tools)) if args.tools is not None else None
+    policy = parse_policy(args.policy or [])
     try:
         tool = agent_tool(
             args.name,
-            model=args.model,
+            model=model,
             instructions=instructions,
-            tools=list(split_list(args.tools)) if args.tools is not None else None,
+            tools=tools,
             description=args.description or "",
-            policy=parse_policy(args.policy or []),
+            policy=policy,
             timeout=args.timeout or DEFAULT_AGENT_TIMEOUT_SECONDS,
         )
     except ValueError as e:
         raise CliError(str(e)) from None
+    anyio.run(_check_agent_tools, settings, args.name, tools, list(policy))
     return run_service(f"agent:{args.name}", ToolService([tool], settings), settings)
+
+
+# How long a sub-agent waits at start for the tools of its --tools (started with it, they may register
+# a moment later) before it refuses to serve.
+AGENT_TOOLS_WAIT_SECONDS = 5.0
+
+
+async def _check_agent_tools(settings: Settings, name: str, tools: list[str] | None, policy: list[str]) -> None:
+    """The child loops' tools are live and their policy names their tools (or, with every live tool,
+    the agent itself, which registers once it serves): said now, not at the first call."""
+    from services.cli.session import session
+    from services.cli.valuechecks import require_live_tools, require_policy_tools
+    from services.toolwire.spec import valid_tool_name
+
+    for tool in tools or ():
+        if not valid_tool_name(tool):
+            raise CliError(f"--tools: {tool!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
+    async with session(settings) as nc:
+        if tools:
+            await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS)
+        await require_policy_tools(nc, settings, policy, tools, "--policy", also=[name])
 
 
 async def _deployment_checked(settings: Settings) -> None:

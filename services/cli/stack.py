@@ -127,6 +127,9 @@ def _run_demo(args: argparse.Namespace, interrupts: Interrupts) -> int:
     import anyio
 
     from services.cli.output import make_console
+    from services.cli.valuechecks import checked_model
+
+    args.model = checked_model(args.model, "--model")  # before anything starts
 
     console = make_console()
     plain = args.plain or not console.is_terminal
@@ -363,6 +366,10 @@ def _port_for(asked: int | None, default: int, option: str, what: str) -> int:
 
 
 def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
+    from services.cli.valuechecks import checked_model
+
+    if args.model:  # else the committer's LW_MODEL
+        args.model = checked_model(args.model, "--model")
     port = _port_for(args.port, DEFAULT_NATS_PORT, "--port", "NATS (another nats-server?)")
     console_port: int | None = None
     if not args.no_console:

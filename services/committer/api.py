@@ -63,6 +63,7 @@ from shared.wiretypes import ALLOW, ANSWER_ACTIONS, POLICY_EFFECTS
 from .appender import Appender, EventIdTaken
 from .fork import fork
 from .loops import Loops
+from .looptools import LoopTools, loop_tools
 
 log = logging.getLogger("loopwire.committer.api")
 
@@ -133,7 +134,8 @@ class LoopApi:
         decide: Callable[[LoopHistory], Outcome]
         if isinstance(req, StartRequest):
             started = self._loop_started(loop_id, req)
-            decide = lambda h: self._start(h, started, command_id)  # noqa: E731
+            tools = await loop_tools(self._nc, self._settings, started.tools, started.policy)
+            decide = lambda h: self._start(h, started, command_id, tools)  # noqa: E731
         elif isinstance(req, InputRequest):
             submitted = self._input_submitted(loop_id, req)
             decide = lambda h: self._input(h, submitted, command_id)  # noqa: E731
@@ -242,6 +244,8 @@ class LoopApi:
             budget=req.budget if req.budget is not None else Budget(),
             context=req.context if req.context is not None else ContextPolicy(),
         )
+        if problem := spec_problem(e.model):
+            raise WireError(ErrorKind.INVALID, problem, field="model")
         _check_budget(e.budget, e.model)
         _check_context(e.context, e.limits)
         _check(e)
@@ -266,7 +270,7 @@ class LoopApi:
     def _repeat(self, h: LoopHistory, command_id: str) -> int | None:
         return h.commands.get(command_id)
 
-    def _start(self, h: LoopHistory, started: LoopStarted, command_id: str) -> Outcome:
+    def _start(self, h: LoopHistory, started: LoopStarted, command_id: str, tools: LoopTools) -> Outcome:
         if h.forked is not None:
             raise WireError(ErrorKind.CONFLICT, "the loop was created by a fork", last_seq=h.last_seq)
         if h.config is not None:
@@ -276,6 +280,8 @@ class LoopApi:
             raise WireError(ErrorKind.CONFLICT, "the loop was already started by another command", last_seq=h.last_seq)
         if h.last_seq:
             raise WireError(ErrorKind.CONFLICT, "the loop has history but no LoopStarted", last_seq=h.last_seq)
+        # After the repeat check: a start already stored stands even if a tool it names is gone since.
+        tools.check("policy", started.policy)
         # No work signal: a started loop has nothing to do until its first input, which signals
         # (steps.next_action); a signal here only cost a drive that found nothing.
         return Outcome(events=[started])

@@ -16,15 +16,18 @@ import asyncio
 from typing import Final
 
 from shared.codec import encode_event
+from shared.content import AIMessage, tool_uses
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError
-from shared.events import Event, ForkChanges, now_rfc3339
+from shared.events import Event, ForkChanges, StepDone, now_rfc3339
 from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
 from shared.history import fold
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
+from shared.modelspec import spec_problem
 from shared.protocol import ApiReply, ForkRequest, WireError
 from shared.replay import replay
 
 from .loops import Loops
+from .looptools import loop_tools
 
 FORK_BATCH: Final = 500  # records per atomic batch (the server allows 1,000)
 FORK_BATCH_BYTES: Final = 8 * 1024 * 1024
@@ -35,6 +38,8 @@ def _changes(req: ForkRequest) -> ForkChanges:
         raise WireError(ErrorKind.INVALID, "input must not be empty", field="input")
     if req.model is not None and len(req.model) > 512:
         raise WireError(ErrorKind.INVALID, "model is longer than 512 characters", field="model")
+    if req.model is not None and (problem := spec_problem(req.model)):
+        raise WireError(ErrorKind.INVALID, problem, field="model")
     return ForkChanges(input=req.input, model=req.model, system=req.system, policy=req.policy or None)
 
 
@@ -46,6 +51,25 @@ async def _source_records(loops: Loops, source: str) -> list[tuple[int, Event]]:
         raise WireError(ErrorKind.UNAVAILABLE, f"cannot read the source loop: {e}") from None
     except LoopwireError as e:
         raise WireError(ErrorKind.UNAVAILABLE, f"the source loop's history does not decode: {e}") from None
+
+
+async def _check_rules(
+    loops: Loops, allow_list: list[str] | None, records: list[tuple[int, Event]], req: ForkRequest
+) -> None:
+    """Every tool the fork's policy changes and re-execution rules name is one of the loop's: its
+    allow-list, else a live tool or one the source called."""
+    policy, reexecution = list(req.policy or {}), list(req.reexecution or {})
+    called = {
+        b.name
+        for _, e in records
+        if isinstance(e, StepDone)
+        for m in e.messages
+        if isinstance(m, AIMessage)
+        for b in tool_uses(m)
+    }
+    tools = await loop_tools(loops.nc, loops.settings, allow_list, policy + reexecution, called)
+    tools.check("policy", policy)
+    tools.check("reexecution", reexecution)
 
 
 def _batches(payloads: list[bytes]) -> list[tuple[int, int]]:
@@ -84,6 +108,8 @@ async def fork(loops: Loops, loop_id: str, req: ForkRequest, first_event_id: str
         src = fold(records)
         if src.forming:
             raise WireError(ErrorKind.NOT_FOUND, "the source loop is still being forked", field="source_loop_id")
+        if h.forked is None:  # a repeat finishing a forming fork keeps what it was given
+            await _check_rules(loops, src.config.tools if src.config is not None else None, records, req)
         try:
             # A repeat finishing a forming fork keeps its point (the source may have moved on since).
             at = check_point(records, h.forked.source_seq if h.forked is not None else req.at)

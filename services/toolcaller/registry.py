@@ -291,6 +291,10 @@ class ToolRegistry:
             self._live = [v for v in views if v is not None and v.replicas and not v.conflict]
         return list(self._live)
 
+    def names(self) -> frozenset[str]:
+        """Every tool name some worker registered (conflicted and unreachable ones included)."""
+        return frozenset(self._regs)
+
     def get(self, name: str) -> LiveTool | None:
         """The tool ``name`` (conflicted ones included, with ``conflict`` set; ``replicas == 0`` while every
         worker it had failed to answer), or None if no worker has it."""
@@ -339,3 +343,13 @@ class ToolRegistry:
         with anyio.fail_after(timeout):
             while not predicate(self):
                 await self._changed.wait()
+
+
+async def registered_names(nc: NATS, names: Names, *, replicas: int = 1, timeout: float = 10.0) -> frozenset[str]:
+    """The tool names of the tools bucket right now (a registry loaded once, then stopped)."""
+    registry = ToolRegistry(nc, names, replicas=replicas)
+    try:
+        await registry.start(timeout)
+        return registry.names()
+    finally:
+        await registry.stop()

@@ -115,12 +115,14 @@ def agent_tool(
     with ``instructions`` as their system prompt, ``tools`` (None: every tool) and ``policy``."""
     if name in (tools or ()):
         raise ValueError(f"agent tool {name!r} cannot list itself among its child's tools")
+    own: dict[str, PolicyEffect] = {name: "deny"} if tools is None else {}
     config = AgentConfig(
         model=model,
         instructions=instructions,
         tools=None if tools is None else tuple(tools),
-        # A child calling its own agent again would recurse without end: denied unless set otherwise.
-        policy=tuple({name: "deny", **(policy or {})}.items()),
+        # A child calling its own agent again would recurse without end: denied unless set otherwise
+        # (a child with an allow-list cannot call it: the agent is never on that list, nor in its policy).
+        policy=tuple({**own, **(policy or {})}.items()),
     )
 
     async def run(args: AgentTask, ctx: ToolContext) -> ToolOutput:

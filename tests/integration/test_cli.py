@@ -421,7 +421,10 @@ def test_the_readme_fork_example_runs_on_any_stack(up: Up) -> None:
 def test_start_refuses_an_unknown_model_or_tool_in_one_plain_line(up: Up) -> None:
     cases = [
         (["--model", "gpt-4o"], "error: --model: unknown model 'gpt-4o': expected one of demo, scripted:<path>, "),
-        (["--tools", "calculator,calculater"], "error: --tools: no live tool named calculater (live: "),
+        (
+            ["--tools", "calculator,calculater"],
+            "error: --tools: no live tool named calculater (did you mean calculator?) (live: ",
+        ),
         (["--tools", "two words"], "error: --tools: 'two words' is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)"),
     ]
     for args, expected in cases:

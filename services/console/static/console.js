@@ -297,13 +297,18 @@ function argsOf(schema) {
   const req = new Set((schema && schema.required) || []);
   return Object.entries(props).map(([k, v]) => `${k}${req.has(k) ? "" : "?"}: ${v && v.enum ? v.enum.join("|") : (v && v.type) || "any"}`).join(", ");
 }
+// The safety annotations, as `loopwire tools` shows them ("-": unannotated, may have any side effect).
+function safetyOf(t) {
+  const marks = [["read-only", t.read_only], ["idempotent", t.idempotent], ["destructive", t.destructive], ["open-world", t.open_world]];
+  return marks.filter(([, on]) => on).map(([label]) => label).join(", ") || "-";
+}
 function toolsPage() {
   const load = async () => {
     const doc = await api("/api/tools");
     if (!doc.ok) return;
     $("#tools tbody").replaceChildren(...doc.tools.map((t) => el("tr", { "data-tool": t.name },
       el("td", { class: "mono", text: t.name }), el("td", { class: "num", text: String(t.replicas) }),
-      el("td", { text: t.kind }), el("td", { text: t.version }),
+      el("td", { text: t.kind }), el("td", { text: t.version }), el("td", { class: "safety", text: safetyOf(t) }),
       el("td", {}, el("details", {}, el("summary", { class: "mono", text: argsOf(t.input_schema) || "(none)" }),
         el("pre", { class: "result", text: JSON.stringify(t.input_schema, null, 2) }))),
       el("td", { text: t.description }))));
