@@ -92,6 +92,10 @@ EXAMPLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("loopwire streams", "each shard's streams and buckets: leader, followers, messages"),
         ("loopwire streams --balance", "spread the leaders over the nodes first"),
     ),
+    "verify": (
+        ("loopwire verify 3f2a", "one loop's digest chain, from its first record"),
+        ("loopwire verify --all --json", "every loop of every shard, as JSON"),
+    ),
     "schema": (
         ("loopwire schema --out schemas --asyncapi docs/asyncapi.yaml", "write the contract files"),
         ("loopwire schema --out schemas --asyncapi docs/asyncapi.yaml --check", "exit 1 if they drifted"),
