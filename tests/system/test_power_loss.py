@@ -90,7 +90,7 @@ class Recorder:
     def steps(self) -> int:
         return sum(1 for s in self.seen.values() if s.step)
 
-    async def until_steps(self, n: int, timeout: float = 60.0) -> None:
+    async def until_steps(self, n: int, timeout: float = 25.0) -> None:
         """Until ``n`` steps are acknowledged (or ``timeout``: the cut lands anyway)."""
         with anyio.move_on_after(timeout):
             while self.steps < n:
@@ -114,6 +114,7 @@ class Outcome:
     lost_steps: int = 0
     stream_recovered: bool = True
     # after the cut of 2 nodes, of what was acknowledged before it (the third node kept its page cache)
+    acked_records_2_of_3: int = 0
     lost_records_2_of_3: int = 0
     lost_steps_2_of_3: int = 0
     sync_warnings: int = 0  # "does not sync" lines in the first committer's log (one per server)
@@ -121,7 +122,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-async def stored_after(nc: NATS, stream: str, seqs: list[int], timeout: float = 40.0) -> dict[int, Seen] | None:
+async def stored_after(nc: NATS, stream: str, seqs: list[int], timeout: float = 30.0) -> dict[int, Seen] | None:
     """What the recovered stream holds at ``seqs`` (None: the stream did not come back)."""
     deadline = time.monotonic() + timeout
     out: dict[int, Seen] = {}
@@ -164,6 +165,7 @@ async def power_cuts(pc: PowerCluster, rec: Recorder, out: Outcome) -> None:
     await anyio.sleep(1.0)
     await anyio.to_thread.run_sync(lambda: pc.power_on(two))
     stored = await stored_after(rec.nc, rec.stream, sorted(before_two))
+    out.acked_records_2_of_3 = len(before_two)
     out.lost_records_2_of_3, out.lost_steps_2_of_3 = count_lost(before_two, stored)
     await rec.until_steps(rec.steps + STEPS_BEFORE_CUT)
     rec.recording = False  # what was acknowledged before the cut of every node
