@@ -36,7 +36,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.system]
 
 LOOPS = 6
 STEPS = 40
-COUNTS = {"committer": 2, "model-step": 2, "tools-calc": 2}
+# The committers first: they create the streams and buckets the others look up at start-up.
+COMMITTERS = {"committer": 2}
+OTHERS = {"model-step": 2, "tools-calc": 2}
 
 
 STEPS_BEFORE_CUT = 30  # acknowledged steps before each power cut
@@ -189,7 +191,8 @@ async def run_power_loss(sync: str, tmp_path: Path) -> Outcome:
             nats_monitor_urls=pc.cluster.monitor_urls,
         )
         model = write_model(tmp_path, long_script(), "long.json")
-        with fleet(settings, pc.cluster, counts=COUNTS, log_dir=tmp_path / "logs"):
+        with fleet(settings, pc.cluster, counts=COMMITTERS, log_dir=tmp_path / "logs") as f:
+            f.start_all(OTHERS)
             nc = await connect(settings, name="power-loss")
             try:
                 stream = settings.names.history_stream_of(0)
