@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import anyio
@@ -22,7 +22,7 @@ from shared import events as ev
 from shared.codec import decode_event
 from shared.connect import connect
 from shared.errors import LoopwireError
-from shared.jserrors import JetStreamError, JetStreamUnavailableError
+from shared.jserrors import ERR_STREAM_NOT_FOUND, JetStreamError, JetStreamUnavailableError
 from shared.settings import Settings
 from shared.streamreads import get_msg
 from tests import natsfixtures
@@ -39,8 +39,6 @@ STEPS = 40
 # The committers first: they create the streams and buckets the others look up at start-up.
 COMMITTERS = {"committer": 2}
 OTHERS = {"model-step": 2, "tools-calc": 2}
-
-
 STEPS_BEFORE_CUT = 30  # acknowledged steps before each power cut
 
 
@@ -134,7 +132,7 @@ async def stored_after(nc: NATS, stream: str, seqs: list[int], timeout: float = 
         try:
             m = await get_msg(nc, stream, seq=seq, request_timeout=2.0)
         except JetStreamError as e:
-            if e.err_code == 10059 and time.monotonic() > deadline - timeout / 2:
+            if e.err_code == ERR_STREAM_NOT_FOUND and time.monotonic() > deadline - timeout / 2:
                 return None  # stream not found, long after the cluster came back
             await anyio.sleep(0.3)
             continue
@@ -219,7 +217,7 @@ async def test_power_loss_loses_nothing_acknowledged_with_sync_always(sync: str,
     missing = fuse_missing()
     assert not missing, f"the power-loss test needs FUSE (.ci/run installs fuse3 and mfusepy): {missing}"
     out = await run_power_loss(sync, tmp_path)
-    print(f"\npower loss, sync_interval {sync}: " + json.dumps(out.__dict__, indent=1))
+    print(f"\npower loss, sync_interval {sync}: " + json.dumps(asdict(out), indent=1))
     assert out.acked_steps >= LOOPS, out  # the cuts landed mid-traffic, after steps were acknowledged
     if sync == "always":
         assert out.stream_recovered, out
