@@ -3,7 +3,9 @@ LW_NATS_SYNC=default opts out, and a service warns, once per server, about a ser
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from services.deployment import Deployment, service_command
+from services.embedded import EmbeddedStack
 from services.synccheck import check_one, varz, warn_unless_synced
 from shared.natsserver import NatsServer, NatsServerError, free_port, server_binary, sync_from_env
 from shared.settings import Settings
@@ -105,3 +108,25 @@ def test_a_service_logs_the_warning_at_start_up(
             time.sleep(0.05)
     lines = [line for line in log.read_text().splitlines() if "does not sync" in line]
     assert len(lines) == 1 and "nats-server lazy" in lines[0] and "WARNING" in lines[0], lines
+
+
+def test_the_embedded_stack_syncs_and_checks_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LW_NATS_MONITOR_URL", "http://elsewhere:8222")  # another deployment's: not inherited
+    stack = EmbeddedStack(server=NatsServer(name="loopwire", store_dir="/x"))
+    assert "sync_interval: always" in stack.server.config()  # type: ignore[union-attr]
+    assert stack.env()["LW_NATS_MONITOR_URL"] == stack.server.monitor_url  # type: ignore[union-attr]
+
+
+def test_a_bad_sync_setting_is_one_error_line(tmp_path: Path) -> None:
+    env = {**os.environ, "LW_NATS_SYNC": "sometimes", "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--plain"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: could not start: LW_NATS_SYNC must be one of always, default, not 'sometimes'"
+    assert "Traceback" not in done.stdout + done.stderr

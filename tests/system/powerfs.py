@@ -3,10 +3,12 @@
 ``python -m tests.system.powerfs BACKING MOUNT CONTROL_SOCKET`` mounts ``BACKING`` at ``MOUNT``
 (libfuse3 through the ``mfusepy`` binding) and passes every operation through to it, keeping, per
 file, what it needs to undo the writes since the file's last ``fsync``/``fdatasync``: its size then
-and the bytes each later write or truncate overwrote. A client of ``CONTROL_SOCKET`` that sends
-``drop`` cuts the power: every file goes back to its content at its last sync (a file created since
-and never synced ends up empty), and every later operation fails with EIO, as on a disk that is
-gone. The test then unmounts it and mounts the same backing directory again for the "reboot".
+and the bytes each later write or truncate overwrote (a write through a descriptor opened
+``O_SYNC``/``O_DSYNC`` counts as synced on return, like a write and an fsync). A client of
+``CONTROL_SOCKET`` that sends ``drop`` cuts the power: every file goes back to its content at its
+last sync (a file created since and never synced ends up empty), and every later operation fails
+with EIO, as on a disk that is gone; ``list`` names the files with unsynced writes. The test then
+unmounts it and mounts the same backing directory again for the "reboot".
 
 What it models: the page cache of a machine whose power fails — file data reach the disk only
 through an fsync (what Jepsen's lazyfs calls losing unfsynced writes). What it does not: namespace
@@ -43,6 +45,7 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
         self.root = root
         self._mutex = threading.Lock()  # not "lock": that name is the FUSE lock operation
         self.unsynced: dict[str, Unsynced] = {}
+        self.sync_fds: set[int] = set()  # opened O_SYNC / O_DSYNC: each write is synced on return
         self.powered = True
 
     # --- bookkeeping
@@ -92,6 +95,10 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
             self.unsynced.clear()
             return files, dropped
 
+    def unsynced_paths(self) -> list[str]:
+        with self._mutex:
+            return sorted(self.unsynced)
+
     # --- files
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
@@ -107,14 +114,21 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
             if flags & os.O_TRUNC:
                 self._truncate_locked(path, 0)
             # The kernel passes each write's offset, O_APPEND included: pwrite must not append instead.
-            return os.open(real, flags & ~(os.O_APPEND | os.O_TRUNC | os.O_CREAT | os.O_EXCL))
+            fd = os.open(real, flags & ~(os.O_APPEND | os.O_TRUNC | os.O_CREAT | os.O_EXCL))
+            self._note_sync_flags(fd, flags)
+            return fd
 
-    def create(self, path: str, mode: int, fi: Any = None) -> int:
+    def create(self, path: str, mode: int, flags: int = 0) -> int:
         with self._mutex:
             self._check()
             fd = os.open(self._real(path), os.O_RDWR | os.O_CREAT, mode)
             self._track(path, os.fstat(fd).st_size)  # a new file: empty until synced
+            self._note_sync_flags(fd, flags)
             return fd
+
+    def _note_sync_flags(self, fd: int, flags: int) -> None:
+        if flags & (os.O_SYNC | os.O_DSYNC):
+            self.sync_fds.add(fd)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         self._check()
@@ -123,6 +137,9 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self._mutex:
             self._check()
+            if fh in self.sync_fds:  # a synchronous write: the file is synced on return, as by an fsync
+                self.unsynced.pop(path, None)
+                return os.pwrite(fh, data, offset)
             self._save(path, fh, offset, offset + len(data))
             return os.pwrite(fh, data, offset)
 
@@ -151,6 +168,8 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
         return 0
 
     def release(self, path: str, fh: int) -> int:
+        with self._mutex:
+            self.sync_fds.discard(fh)
         os.close(fh)
         return 0
 
@@ -213,16 +232,20 @@ class PowerFS(fuse.Operations):  # type: ignore[misc]  # mfusepy ships no type h
 
 
 def serve_control(fs: PowerFS, sock_path: str) -> None:
-    """Answer ``drop`` on the control socket with ``dropped FILES BYTES``."""
+    """Answer ``drop`` on the control socket with ``dropped FILES BYTES``, ``list`` with the files
+    that have unsynced writes, one a line."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
         srv.bind(sock_path)
         srv.listen(4)
         while True:
             conn, _ = srv.accept()
             with conn:
-                if conn.recv(64).strip() == b"drop":
+                command = conn.recv(64).strip()
+                if command == b"drop":
                     files, dropped = fs.drop_unsynced()
                     conn.sendall(f"dropped {files} {dropped}\n".encode())
+                elif command == b"list":
+                    conn.sendall("".join(f"{p}\n" for p in fs.unsynced_paths()).encode() or b"\n")
 
 
 def main(argv: list[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -128,7 +129,7 @@ class PowerCluster:
     def cut_power(self, nodes: list[NatsServer]) -> tuple[int, int]:
         """The same instant for every node in ``nodes``: SIGKILL all, then drop their unsynced writes."""
         for n in nodes:
-            n.signal(9)
+            n.signal(signal.SIGKILL)
         for n in nodes:
             n.kill()  # reaps it
         files = dropped = 0
