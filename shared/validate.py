@@ -36,6 +36,7 @@ from shared.wiretypes import (
     GATE_ACTIONS,
     GATE_KINDS,
     MAX_LIMIT_COUNT,
+    MAX_LIMIT_VALUE,
     ON_UNKNOWN_OUTCOMES,
     PERMISSION_EFFECTS,
     PERMISSION_REASONS,
@@ -197,7 +198,7 @@ def _check_limits(name: str, limits: object) -> None:
         raise _fail(name, "limits", Rule.INVALID)
     for f in ("max_iterations", "max_calls_per_turn", "max_parallel"):
         v = getattr(limits, f)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v > 1_000_000:
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_LIMIT_VALUE:
             raise _fail(name, "limits", Rule.INVALID)
     if not _counts_ok(limits, ("max_result_bytes", "max_tokens")) or 0 < limits.max_result_bytes < 256:
         raise _fail(name, "limits", Rule.INVALID)

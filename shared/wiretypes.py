@@ -146,7 +146,10 @@ LimitCount = Annotated[
     int,
     Meta(ge=0, le=MAX_LIMIT_COUNT, title="LimitCount", description="A count a client sets: 0 to 2^53 - 1."),
 ]
-LimitValue = Annotated[int, Meta(ge=1, le=1_000_000, title="LimitValue", description="A per-loop limit, 1 to 10^6.")]
+MAX_LIMIT_VALUE: Final = 1_000_000  # Limits' max_iterations, max_calls_per_turn and max_parallel
+LimitValue = Annotated[
+    int, Meta(ge=1, le=MAX_LIMIT_VALUE, title="LimitValue", description="A per-loop limit, 1 to 10^6.")
+]
 Seq = Annotated[int, Meta(ge=0, le=INT64_MAX, title="Seq", description="A history stream sequence (0 = none).")]
 
 # --- closed vocabularies --------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from shared.wiretypes import MAX_LIMIT_COUNT, ON_BUDGET_OUTCOMES
 __all__ = ["add_budget_options", "budget_from_args", "budget_gate_text", "budget_json", "count_range"]
 
 
-def count_range(value: int) -> str:
+def count_range(value: int, low: int = 0, high: int = MAX_LIMIT_COUNT) -> str:
     """What a whole-number limit option takes, said of a ``value`` outside it (one error line)."""
-    return f"a whole number from 0 to {MAX_LIMIT_COUNT}, got {value}"
+    return f"a whole number from {low} to {high}, got {value}"
 
 
 def add_budget_options(p: argparse.ArgumentParser) -> None:

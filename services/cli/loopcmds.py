@@ -30,7 +30,7 @@ from shared.modelspec import model_id, spec_problem
 from shared.replay import loops
 from shared.settings import Settings, split_list
 from shared.turns import wait_for_turn
-from shared.wiretypes import MAX_LIMIT_COUNT
+from shared.wiretypes import MAX_LIMIT_COUNT, MAX_LIMIT_VALUE
 
 
 async def _require_live_tools(nc: NATS, settings: Settings, names: list[str]) -> None:
@@ -57,6 +57,8 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
     limits = None
     if args.max_tokens is not None and not 0 <= args.max_tokens <= MAX_LIMIT_COUNT:
         raise CliError(f"--max-tokens: {count_range(args.max_tokens)}")
+    if args.max_iterations is not None and not 1 <= args.max_iterations <= MAX_LIMIT_VALUE:
+        raise CliError(f"--max-iterations: {count_range(args.max_iterations, 1, MAX_LIMIT_VALUE)}")
     if args.max_iterations is not None or args.max_tokens is not None:
         limits = Limits(
             max_iterations=args.max_iterations if args.max_iterations is not None else Limits().max_iterations,

@@ -21,7 +21,7 @@ from shared.errors import InvalidEventError
 from shared.history import LoopHistory, fold
 from shared.pricing import PRICES, TEST_PRICE, price_of, step_cost_micro_usd, usd_to_micro
 from shared.validate import validate_event
-from shared.wiretypes import MAX_LIMIT_COUNT
+from shared.wiretypes import MAX_LIMIT_COUNT, MAX_LIMIT_VALUE
 
 LOOP = "0f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c11"
 TURN = "1f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c12"
@@ -280,15 +280,17 @@ def test_an_event_built_with_a_limit_past_the_maximum_is_refused(
         ["start", "--model", "demo", "--max-tokens", str(2**64)],
         ["start", "--model", "demo", "--context", "compact", "--context-window", str(MAX_LIMIT_COUNT + 1)],
         ["budget", LOOP, "--max-total-tokens", "99999999999999999999999"],
+        ["start", "--model", "demo", "--max-iterations", "1000001"],
     ],
-    ids=["start-tokens", "start-steps", "start-max-tokens", "start-context", "budget"],
+    ids=["start-tokens", "start-steps", "start-max-tokens", "start-context", "budget", "start-iterations"],
 )
 def test_a_limit_option_past_the_maximum_is_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     # Refused before any connection is tried (the URL is unreachable on purpose).
     assert main(["--nats-url", "nats://127.0.0.1:1", *argv]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --"), err
-    assert f"a whole number from 0 to {MAX_LIMIT_COUNT}, got {argv[-1]}" in err
+    high = MAX_LIMIT_VALUE if "--max-iterations" in argv else MAX_LIMIT_COUNT
+    assert f"to {high}, got {argv[-1]}" in err
 
 
 def test_the_documented_price_table_is_the_code() -> None:
