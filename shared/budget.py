@@ -15,6 +15,7 @@ import msgspec
 from shared.content import Usage
 from shared.events import Budget
 from shared.pricing import usd, usd_to_micro
+from shared.wiretypes import MAX_LIMIT_COUNT
 
 __all__ = ["LIMITS", "BudgetLimit", "Figures", "exhausted", "extended", "limited", "seconds_between", "total_tokens"]
 
@@ -91,5 +92,5 @@ def extended(budget: Budget, base: Budget, f: Figures) -> Budget:
             new = round(new, 6)
         elif limit != "max_turn_seconds":
             new = int(new)
-        changes[limit] = min(new, 1e9) if isinstance(new, float) else new
+        changes[limit] = min(new, 1e9) if isinstance(new, float) else min(new, MAX_LIMIT_COUNT)
     return msgspec.structs.replace(budget, **changes) if changes else budget

@@ -47,6 +47,9 @@ PREVIEW_BYTES: Final = DecoderRule(
     f"result_preview is at most {PREVIEW_MAX_BYTES} UTF-8 bytes", (("ToolCallCompleted", "result_preview"),)
 )
 RECORD_BYTES: Final = DecoderRule("a record is at most LW_MAX_RECORD_BYTES bytes")
+# JSON Schema's "integer" is any number with no fractional part, 1.0 included; the decoder reads a
+# whole-number field only from an integer literal.
+INTEGER_LITERALS: Final = DecoderRule("whole numbers are integer literals")
 NOT_OWN_PARENT: Final = DecoderRule(
     "a child loop is not its own parent", (("LoopStarted", "parent"), ("LoopStarted", "loop_id"))
 )
@@ -70,6 +73,7 @@ RULES: Final[tuple[DecoderRule, ...]] = (
     SUMMARY_BYTES,
     PREVIEW_BYTES,
     RECORD_BYTES,
+    INTEGER_LITERALS,
     NOT_OWN_PARENT,
     NOT_OWN_SOURCE,
     COMPACTION_ADVANCES,

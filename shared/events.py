@@ -36,6 +36,7 @@ from shared.wiretypes import (
     GateAction,
     GateKind,
     GateReason,
+    LimitCount,
     LimitValue,
     NonBlank,
     NonEmpty,
@@ -95,8 +96,8 @@ class Limits(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_
     max_iterations: LimitValue = 25
     max_calls_per_turn: LimitValue = 100
     max_parallel: LimitValue = 8
-    max_result_bytes: Count = 0  # 0 or >= 256: checked by validate_event (not a msgspec constraint)
-    max_tokens: Count = 0  # 0 = provider default
+    max_result_bytes: LimitCount = 0  # 0 or >= 256: checked by validate_event (not a msgspec constraint)
+    max_tokens: LimitCount = 0  # 0 = provider default
 
 
 class ContextPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
@@ -113,16 +114,17 @@ class ContextPolicy(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tr
     """
 
     strategy: ContextStrategy = "none"
-    window: Count = 0
-    trigger: Count = 0
-    keep: Count = 3
-    clear_at_least: Count = 0
+    window: LimitCount = 0
+    trigger: LimitCount = 0
+    keep: LimitCount = 3
+    clear_at_least: LimitCount = 0
     exclude_tools: list[ToolName] = msgspec.field(default_factory=list)
     model: Annotated[str, msgspec.Meta(max_length=512)] = ""  # compact: the summary's model ("" = the loop's)
 
 
 class Budget(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
-    """A loop's budget, checked before each model step (docs/budgets.md). Every limit 0 = unlimited.
+    """A loop's budget, checked before each model step (docs/budgets.md). Every limit 0 = unlimited;
+    the whole-number ones at most ``MAX_LIMIT_COUNT``, the others at most 1e9.
 
     ``max_total_tokens`` counts the loop's input (cache reads and writes included) and output tokens
     over all turns; ``max_cost_usd`` its cost from the price table at each step's commit;
@@ -130,9 +132,9 @@ class Budget(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_
     turn's TurnStarted. ``on_budget``: a spent budget fails the turn ("fail") or opens a budget gate ("ask").
     """
 
-    max_total_tokens: Count = 0
+    max_total_tokens: LimitCount = 0
     max_cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
-    max_steps_per_turn: Count = 0
+    max_steps_per_turn: LimitCount = 0
     max_turn_seconds: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
     on_budget: OnBudget = "fail"
 

@@ -35,6 +35,8 @@ from shared.wiretypes import (
     DECISION_EFFECTS,
     GATE_ACTIONS,
     GATE_KINDS,
+    MAX_LIMIT_COUNT,
+    MAX_LIMIT_VALUE,
     ON_UNKNOWN_OUTCOMES,
     PERMISSION_EFFECTS,
     PERMISSION_REASONS,
@@ -196,13 +198,35 @@ def _check_limits(name: str, limits: object) -> None:
         raise _fail(name, "limits", Rule.INVALID)
     for f in ("max_iterations", "max_calls_per_turn", "max_parallel"):
         v = getattr(limits, f)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v > 1_000_000:
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_LIMIT_VALUE:
             raise _fail(name, "limits", Rule.INVALID)
-    rb = limits.max_result_bytes
-    if not isinstance(rb, int) or isinstance(rb, bool) or rb < 0 or 0 < rb < 256:
+    if not _counts_ok(limits, ("max_result_bytes", "max_tokens")) or 0 < limits.max_result_bytes < 256:
         raise _fail(name, "limits", Rule.INVALID)
-    if not isinstance(limits.max_tokens, int) or limits.max_tokens < 0:
-        raise _fail(name, "limits", Rule.INVALID)
+
+
+def _counts_ok(struct: object, fields: tuple[str, ...]) -> bool:
+    """Each of ``fields`` of ``struct`` is a whole number a client may set (0 to MAX_LIMIT_COUNT)."""
+    for f in fields:
+        v = getattr(struct, f, None)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LIMIT_COUNT:
+            return False
+    return True
+
+
+_BUDGET_COUNTS: Final = ("max_total_tokens", "max_steps_per_turn")
+_CONTEXT_COUNTS: Final = ("window", "trigger", "keep", "clear_at_least")
+
+
+def _check_settings(name: str, budget: object, context: object) -> None:
+    if not isinstance(budget, ev.Budget) or not _counts_ok(budget, _BUDGET_COUNTS):
+        raise _fail(name, "budget", Rule.INVALID)
+    if context is not None and (not isinstance(context, ev.ContextPolicy) or not _counts_ok(context, _CONTEXT_COUNTS)):
+        raise _fail(name, "context", Rule.INVALID)
+
+
+def _budget_changed(name: str, e: Event, strict: bool = True) -> None:
+    assert isinstance(e, ev.BudgetChanged)
+    _check_settings(name, e.budget, None)
 
 
 def _loop_started(name: str, e: Event, strict: bool = True) -> None:
@@ -224,6 +248,7 @@ def _loop_started(name: str, e: Event, strict: bool = True) -> None:
     if e.default_policy not in POLICY_EFFECTS:
         raise _fail(name, "default_policy", Rule.INVALID)
     _check_limits(name, e.limits)
+    _check_settings(name, e.budget, e.context)
     if e.on_unknown not in ON_UNKNOWN_OUTCOMES:
         raise _fail(name, "on_unknown", Rule.INVALID)
     if not isinstance(e.retries, dict) or not all(
@@ -466,6 +491,7 @@ def _token_delta(name: str, e: Event, strict: bool = True) -> None:
 _BODY_RULES: Final = {
     ev.LoopStarted: _loop_started,
     ev.LoopForked: _loop_forked,
+    ev.BudgetChanged: _budget_changed,
     ev.InputSubmitted: _input_submitted,
     ev.TurnStarted: _turn_started,
     ev.TurnFoldedInto: _turn_started,

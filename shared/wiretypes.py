@@ -134,11 +134,22 @@ CauseRef = Annotated[
 # --- counts and indexes ---------------------------------------------------------------------------
 
 EnvelopeVersion = Literal[1]
-# No upper bound: msgspec decodes integers of any size (and its bounds must fit an int64).
+# The largest whole number a client may set as a limit or a size (budgets, Limits, ContextPolicy):
+# 2^53 - 1, the largest integer every JSON reader holds exactly (a double's, as in JavaScript).
+MAX_LIMIT_COUNT: Final = 2**53 - 1
+# Counts loopwire writes itself have no upper bound (a model's usage is summed as reported):
+# msgspec decodes integers of any size (and its bounds must fit an int64).
 TurnIndex = Annotated[int, Meta(ge=1, title="TurnIndex", description="1 for a loop's first turn.")]
 Count = Annotated[int, Meta(ge=0, title="Count", description="A non-negative count or index.")]
 TokenCount = Annotated[int, Meta(ge=0, title="TokenCount", description="A token count.")]
-LimitValue = Annotated[int, Meta(ge=1, le=1_000_000, title="LimitValue", description="A per-loop limit, 1 to 10^6.")]
+LimitCount = Annotated[
+    int,
+    Meta(ge=0, le=MAX_LIMIT_COUNT, title="LimitCount", description="A count a client sets: 0 to 2^53 - 1."),
+]
+MAX_LIMIT_VALUE: Final = 1_000_000  # Limits' max_iterations, max_calls_per_turn and max_parallel
+LimitValue = Annotated[
+    int, Meta(ge=1, le=MAX_LIMIT_VALUE, title="LimitValue", description="A per-loop limit, 1 to 10^6.")
+]
 Seq = Annotated[int, Meta(ge=0, le=INT64_MAX, title="Seq", description="A history stream sequence (0 = none).")]
 
 # --- closed vocabularies --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def _text(h: LoopHistory) -> str:
 
 async def cmd_budget(args: argparse.Namespace, settings: Settings) -> int:
     ref = loop_ref(args.loop, "LOOP")
+    budget_from_args(args, None)  # a bad option is refused before connecting
     async with session(settings) as nc:
         loop_id = await resolve_loop(nc, settings, ref)
         h = await load(nc, settings.names, loop_id)

@@ -14,9 +14,14 @@ from shared.budget import LIMITS
 from shared.events import Budget, now_rfc3339
 from shared.history import LoopHistory
 from shared.pricing import usd
-from shared.wiretypes import ON_BUDGET_OUTCOMES
+from shared.wiretypes import MAX_LIMIT_COUNT, ON_BUDGET_OUTCOMES
 
-__all__ = ["add_budget_options", "budget_from_args", "budget_gate_text", "budget_json"]
+__all__ = ["add_budget_options", "budget_from_args", "budget_gate_text", "budget_json", "count_range"]
+
+
+def count_range(value: int, low: int = 0, high: int = MAX_LIMIT_COUNT) -> str:
+    """What a whole-number limit option takes, said of a ``value`` outside it (one error line)."""
+    return f"a whole number from {low} to {high}, got {value}"
 
 
 def add_budget_options(p: argparse.ArgumentParser) -> None:
@@ -48,8 +53,8 @@ def budget_from_args(args: argparse.Namespace, base: Budget | None) -> Budget | 
             continue
         if isinstance(value, float) and (not math.isfinite(value) or value < 0):
             raise CliError(f"--{name.replace('_', '-')}: a number ≥ 0, got {value}")
-        if isinstance(value, int) and value < 0:
-            raise CliError(f"--{name.replace('_', '-')}: a count ≥ 0, got {value}")
+        if isinstance(value, int) and not 0 <= value <= MAX_LIMIT_COUNT:
+            raise CliError(f"--{name.replace('_', '-')}: {count_range(value)}")
         changes[name] = value
     if not changes:
         return base

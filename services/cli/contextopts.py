@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from services.cli.budgets import count_range
 from services.cli.errors import CliError
 from shared.events import ContextPolicy
-from shared.wiretypes import CONTEXT_STRATEGIES
+from shared.wiretypes import CONTEXT_STRATEGIES, MAX_LIMIT_COUNT
 
 __all__ = ["add_context_options", "context_from_args"]
 
@@ -54,8 +55,8 @@ def context_from_args(args: argparse.Namespace) -> ContextPolicy | None:
         value = getattr(args, f"context_{name}", None)
         if value is None:
             continue
-        if value < 0:
-            raise CliError(f"--context-{name.replace('_', '-')}: a count ≥ 0, got {value}")
+        if not 0 <= value <= MAX_LIMIT_COUNT:
+            raise CliError(f"--context-{name.replace('_', '-')}: {count_range(value)}")
         given[name] = value
     if getattr(args, "context_model", None):
         given["model"] = args.context_model

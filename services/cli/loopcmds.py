@@ -13,7 +13,7 @@ import msgspec
 from rich import box
 from rich.table import Table
 
-from services.cli.budgets import budget_from_args, budget_json
+from services.cli.budgets import budget_from_args, budget_json, count_range
 from services.cli.contextopts import context_from_args
 from services.cli.errors import CliError
 from services.cli.folds import fold_loop, loop_state
@@ -30,6 +30,7 @@ from shared.modelspec import model_id
 from shared.replay import loops
 from shared.settings import Settings, split_list
 from shared.turns import wait_for_turn
+from shared.wiretypes import MAX_LIMIT_COUNT, MAX_LIMIT_VALUE
 
 
 async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,11 +42,17 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
         if not valid_tool_name(name):
             raise CliError(f"--tools: {name!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
     limits = None
+    if args.max_tokens is not None and not 0 <= args.max_tokens <= MAX_LIMIT_COUNT:
+        raise CliError(f"--max-tokens: {count_range(args.max_tokens)}")
+    if args.max_iterations is not None and not 1 <= args.max_iterations <= MAX_LIMIT_VALUE:
+        raise CliError(f"--max-iterations: {count_range(args.max_iterations, 1, MAX_LIMIT_VALUE)}")
     if args.max_iterations is not None or args.max_tokens is not None:
         limits = Limits(
             max_iterations=args.max_iterations if args.max_iterations is not None else Limits().max_iterations,
             max_tokens=args.max_tokens or 0,
         )
+    # Checked before connecting: a bad option is refused the same whether a deployment runs or not.
+    budget, context = budget_from_args(args, None), context_from_args(args)
     async with session(settings) as nc:
         if tools:
             await require_live_tools(nc, settings, tools, "--tools")
@@ -59,8 +66,8 @@ async def cmd_start(args: argparse.Namespace, settings: Settings) -> int:
             limits=limits,
             on_unknown=args.on_unknown,
             retries=parse_retries(args.retry or []) or None,
-            budget=budget_from_args(args, None),
-            context=context_from_args(args),
+            budget=budget,
+            context=context,
         )
     if args.json:
         out(json_line({"loop_id": res.loop_id, "seq": res.seq, "command_id": res.command_id}))

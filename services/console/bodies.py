@@ -25,12 +25,20 @@ from services.model_step.policy import parse_policy as policy_rules
 from shared.errors import ErrorKind
 from shared.events import Limits
 from shared.settings import split_list
-from shared.wiretypes import NON_BLANK_PATTERN, POLICY_EFFECTS, UUID_OR_EMPTY_PATTERN, UUID_PATTERN, PolicyEffect, exact
+from shared.wiretypes import (
+    MAX_LIMIT_VALUE,
+    NON_BLANK_PATTERN,
+    POLICY_EFFECTS,
+    UUID_OR_EMPTY_PATTERN,
+    UUID_PATTERN,
+    PolicyEffect,
+    exact,
+)
 
 MAX_BODY_BYTES: Final = 256 * 1024
 MAX_TEXT_CHARS: Final = 100_000
 MAX_OPERATOR_CHARS: Final = 64
-MAX_ITERATIONS: Final = 1_000_000
+MAX_ITERATIONS: Final = MAX_LIMIT_VALUE
 
 # A field without a default is required: absent or blank, it is refused as "<name> is required".
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]

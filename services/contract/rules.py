@@ -11,7 +11,8 @@ JSON Schema validator refuses what ``decode_event`` refuses wherever JSON Schema
 * the body rules (StepDone's group shape, non-empty input messages, ``cause.command_id``...);
 * only draft 2020-12 keywords: msgspec's OpenAPI ``discriminator`` is dropped.
 
-What JSON Schema cannot express is listed in docs/protocol.md ("Rules a schema cannot express").
+What JSON Schema cannot express is ``shared.decoderrules.RULES``, listed in docs/protocol.md ("Rules a
+schema cannot express").
 """
 
 from __future__ import annotations

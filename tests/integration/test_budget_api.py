@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -69,3 +70,31 @@ async def test_a_bad_budget_is_refused_with_its_field(committer: Settings, nc: N
     body = b'{"command_id": "' + new_id().encode() + b'", "budget": {"max_dollars": 1}}'
     reply = await nc.request(committer.names.api(loop.loop_id, "budget"), body, timeout=10)
     assert b'"kind":"invalid"' in reply.data
+
+
+async def test_a_whole_number_limit_past_the_maximum_is_refused(committer: Settings, nc: NATS) -> None:
+    # Raw bodies, as any client may send them: a limit past 2^53 - 1 is refused with a structured
+    # error naming it, and nothing is written.
+    api = LoopClient(nc, committer.names, 10.0)
+    loop = await api.start(model="demo")
+    before = (await load(nc, committer.names, loop.loop_id)).last_seq
+    for budget in (b'{"max_steps_per_turn": 18446744073709551616}', b'{"max_total_tokens": 9007199254740992}'):
+        body = b'{"command_id": "' + new_id().encode() + b'", "budget": ' + budget + b"}"
+        reply = json.loads((await nc.request(committer.names.api(loop.loop_id, "budget"), body, timeout=10)).data)
+        assert reply["ok"] is False and reply["error"]["kind"] == "invalid", reply
+        assert "budget" in reply["error"].get("field", "") and "9007199254740991" in reply["error"]["message"], reply
+    assert (await load(nc, committer.names, loop.loop_id)).last_seq == before
+    for field, value in (
+        ("budget", b'{"max_total_tokens": 99999999999999999999999}'),
+        ("limits", b'{"max_tokens": 1000000000000000000000000000000}'),
+    ):
+        child = new_id()
+        body = (
+            b'{"command_id": "' + new_id().encode() + b'", "model": "demo", "' + field.encode() + b'": ' + value + b"}"
+        )
+        reply = json.loads((await nc.request(committer.names.api(child, "start"), body, timeout=10)).data)
+        assert reply["ok"] is False and reply["error"]["kind"] == "invalid", reply
+        assert (await load(nc, committer.names, child)).config is None
+    top = Budget(max_total_tokens=2**53 - 1, max_steps_per_turn=2**53 - 1)
+    await api.budget(loop.loop_id, top)
+    assert (await load(nc, committer.names, loop.loop_id)).budget == top

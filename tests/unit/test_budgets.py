@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from services.cli import main
 from services.cli.budgets import budget_from_args
 from services.cli.errors import CliError
 from services.console.rules import LoopSummary
@@ -16,8 +17,11 @@ from shared import events as ev
 from shared import wiretypes
 from shared.budget import Figures, exhausted, extended, seconds_between, total_tokens
 from shared.content import AIMessage, Message, TextBlock, Usage, UserMessage
+from shared.errors import InvalidEventError
 from shared.history import LoopHistory, fold
 from shared.pricing import PRICES, TEST_PRICE, price_of, step_cost_micro_usd, usd_to_micro
+from shared.validate import validate_event
+from shared.wiretypes import MAX_LIMIT_COUNT, MAX_LIMIT_VALUE
 
 LOOP = "0f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c11"
 TURN = "1f3c9a52-1b7e-4c1a-9e55-2d6b8f0a7c12"
@@ -237,6 +241,56 @@ def test_budget_options_change_only_what_they_name() -> None:
         budget_from_args(_args(max_turn_seconds=float("nan")), None)
     with pytest.raises(CliError):
         budget_from_args(_args(max_total_tokens=-1), None)
+
+
+def test_whole_number_limits_stop_at_the_documented_maximum() -> None:
+    assert MAX_LIMIT_COUNT == 2**53 - 1  # docs/budgets.md and docs/protocol.md state it
+    top = budget_from_args(_args(max_total_tokens=MAX_LIMIT_COUNT, max_steps_per_turn=MAX_LIMIT_COUNT), None)
+    assert top == ev.Budget(max_total_tokens=MAX_LIMIT_COUNT, max_steps_per_turn=MAX_LIMIT_COUNT)
+    for name in ("max_total_tokens", "max_steps_per_turn"):
+        with pytest.raises(CliError, match=f"from 0 to {MAX_LIMIT_COUNT}"):
+            budget_from_args(_args(**{name: MAX_LIMIT_COUNT + 1}), None)
+    # An approved budget gate grants the amount again, but never past the maximum.
+    assert top is not None and extended(top, top, Figures(tokens=MAX_LIMIT_COUNT)) == top
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (ev.LoopStarted, {"budget": ev.Budget(max_total_tokens=MAX_LIMIT_COUNT + 1)}),
+        (ev.LoopStarted, {"limits": ev.Limits(max_tokens=10**23)}),
+        (ev.LoopStarted, {"context": ev.ContextPolicy(strategy="compact", window=MAX_LIMIT_COUNT + 1)}),
+        (ev.BudgetChanged, {"budget": ev.Budget(max_steps_per_turn=2**64)}),
+    ],
+    ids=["budget", "limits", "context", "budget-changed"],
+)
+def test_an_event_built_with_a_limit_past_the_maximum_is_refused(
+    cls: type[ev.Event], fields: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidEventError) as info:
+        validate_event(ev.make(cls, loop_id=LOOP, **fields))
+    assert info.value.field == next(iter(fields))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["start", "--model", "demo", "--max-total-tokens", "99999999999999999999999"],
+        ["start", "--model", "demo", "--max-steps-per-turn", str(MAX_LIMIT_COUNT + 1)],
+        ["start", "--model", "demo", "--max-tokens", str(2**64)],
+        ["start", "--model", "demo", "--context", "compact", "--context-window", str(MAX_LIMIT_COUNT + 1)],
+        ["budget", LOOP, "--max-total-tokens", "99999999999999999999999"],
+        ["start", "--model", "demo", "--max-iterations", "1000001"],
+    ],
+    ids=["start-tokens", "start-steps", "start-max-tokens", "start-context", "budget", "start-iterations"],
+)
+def test_a_limit_option_past_the_maximum_is_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Refused before any connection is tried (the URL is unreachable on purpose).
+    assert main(["--nats-url", "nats://127.0.0.1:1", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --"), err
+    high = MAX_LIMIT_VALUE if "--max-iterations" in argv else MAX_LIMIT_COUNT
+    assert f"to {high}, got {argv[-1]}" in err
 
 
 def test_the_documented_price_table_is_the_code() -> None:

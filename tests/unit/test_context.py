@@ -328,5 +328,5 @@ def test_the_start_options_make_a_policy() -> None:
     )
     with pytest.raises(CliError, match="need --context"):
         policy("--context-keep", "2")
-    with pytest.raises(CliError, match="a count"):
+    with pytest.raises(CliError, match="a whole number from 0 to"):
         policy("--context", "compact", "--context-window", "-1")
