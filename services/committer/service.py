@@ -110,6 +110,7 @@ class CommitterService:
                     nc, names.commit_all, self._dispatcher(nc, commits.handle), queue=COMMITTER_QUEUE
                 ),
                 await subscribe_quick(nc, names.api_all, self._dispatcher(nc, api.handle), queue=COMMITTER_QUEUE),
+                await appender.listen(),
             ]
             await nc.flush()
             log.info("committer serving %s and %s (replicas=%d)", names.commit_all, names.api_all, settings.replicas)
