@@ -295,3 +295,27 @@ async def test_a_commit_reads_nothing_back_when_a_committer_stored_the_record_be
         await commits.commit(loop_id, more.seq, text_turn(loop_id, 11, command_id=more.command_id)[:1])
         assert reads == [last]
     assert_chained(await records(nc, settings, loop_id))
+
+
+async def test_a_message_deleted_from_a_history_stream_is_a_gap(nc: NATS, settings: Settings) -> None:
+    """History streams refuse deletes (deny_delete), so this stream is made without it, as a store
+    that lost a message would look: the loop's chain skips an index, and the stream counts a deletion."""
+    from shared.chain import START, chain_headers
+    from shared.streams import history_stream_config
+
+    config = history_stream_config(settings)
+    config.deny_delete = False
+    js = nc.jetstream()
+    await js.add_stream(config)
+    loop_id = new_id()
+    payloads = [encode_event(loop_started(loop_id)), *(encode_event(input_submitted(loop_id, t)) for t in "abc")]
+    headers, _ = chain_headers(START, payloads)
+    acks = [
+        await js.publish(settings.names.hist(loop_id), p, headers=h) for p, h in zip(payloads, headers, strict=True)
+    ]
+    assert (await verify_loop(nc, settings.names, loop_id)).ok
+    await js.delete_msg(config.name, acks[2].seq)  # JetStream's message delete
+    report = await verify_all(nc, settings.names)
+    assert [(p.kind, p.loop_id, p.seq) for p in report.problems] == [("gap", "", 0), ("gap", loop_id, acks[3].seq)]
+    assert "1 message(s) deleted" in report.problems[0].detail
+    assert "1 record(s) missing" in report.problems[1].detail
