@@ -28,7 +28,7 @@ from shared.shards import Home
 from shared.streamreads import get_msg
 from shared.subjects import Names
 
-TIPS_KEPT: Final = 100_000  # one entry is about 200 bytes
+TIPS_KEPT: Final = 20_000  # one entry is about 430 bytes: at most ~9 MB for the loops being written
 
 
 class ChainTips:
