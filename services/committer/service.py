@@ -91,7 +91,8 @@ class CommitterService:
         Started once the streams and buckets exist and both subscriptions are live.
         """
         settings, names = self.settings, self.names
-        nc = await connect(settings, name="loopwire-committer")
+        # no_echo: its own chain tips are not sent back to it (nothing else it publishes is for itself).
+        nc = await connect(settings, name="loopwire-committer", no_echo=True)
         try:
             try:
                 await ensure_all(nc.jetstream(timeout=5), settings)
