@@ -199,6 +199,16 @@ class Names:
     def commit_all(self) -> str:
         return f"{self.prefix}.commit.*"
 
+    def chain_tip(self, loop_id: str) -> str:
+        """A loop's newest stored chain link, told by the committer that stored it to the others
+        (core NATS, ``<seq> <index> <digest>``), so the next append, whichever committer takes it,
+        needs no read of the record it follows."""
+        return f"{self.prefix}.chain.{loop_id}"
+
+    @property
+    def chain_tip_all(self) -> str:
+        return f"{self.prefix}.chain.*"
+
     def api(self, loop_id: str, verb: Verb) -> str:
         return f"{self.prefix}.api.{loop_id}.{verb}"
 

@@ -26,11 +26,12 @@ def _summary_line(report: Report) -> str:
 async def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     if args.all == (args.loop is not None):
         raise CliError("give LOOP or --all (not both)")
+    ref = loop_ref(args.loop, "LOOP") if args.loop is not None else ""
     async with session(settings) as nc:
         if args.all:
             report = await verify_all(nc, settings.names)
         else:
-            loop_id = await resolve_loop(nc, settings, loop_ref(args.loop, "LOOP"))
+            loop_id = await resolve_loop(nc, settings, ref)
             report = await verify_loop(nc, settings.names, loop_id)
             if loop_id not in report.loops and report.ok:
                 raise CliError(f"no loop {loop_id}")

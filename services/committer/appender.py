@@ -22,6 +22,7 @@ from typing import Final
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 
 from shared import metrics, shards
 from shared.backoff import Backoff
@@ -73,7 +74,11 @@ class Appender:
         self._nc = nc
         self._names = names
         self._retry_seconds = retry_seconds
-        self._tips = ChainTips(nc)
+        self._tips = ChainTips(nc, names)
+
+    async def listen(self) -> Subscription:
+        """Hear the chain tips other committers tell (see :mod:`.chaintips`)."""
+        return await self._tips.listen()
 
     async def link_at(self, loop_id: str, seq: int) -> Link:
         """The chain link of the loop's stored record at ``seq`` (a fork's point in its source)."""
@@ -130,11 +135,11 @@ class Appender:
                         await self._check_duplicate(loop_id, stream, ack.seq, payloads[0], msg_ids[0], timeout)
                     else:
                         _count(payloads)
-                        self._tips.put(loop_id, ack.seq, tip)
+                        await self._tips.stored(loop_id, ack.seq, tip)
                     return [ack.seq]
                 ack = await publish_batch(self._nc, subject, payloads, headers, request_timeout=timeout)
                 _count(payloads)
-                self._tips.put(loop_id, ack.seq, tip)
+                await self._tips.stored(loop_id, ack.seq, tip)
                 # An atomic batch is applied as one unit: its records have consecutive sequences.
                 return list(range(ack.seq - len(payloads) + 1, ack.seq + 1))
             except JetStreamError as e:

@@ -90,7 +90,8 @@ class CommitterService:
         Started once the streams and buckets exist and both subscriptions are live.
         """
         settings, names = self.settings, self.names
-        nc = await connect(settings, name="loopwire-committer")
+        # no_echo: its own chain tips are not sent back to it (nothing else it publishes is for itself).
+        nc = await connect(settings, name="loopwire-committer", no_echo=True)
         try:
             await ensure_all(nc.jetstream(timeout=5), settings)  # a refusal is the runner's one line
             # A record must fit in one message with its headers, whatever LW_MAX_RECORD_BYTES says.
@@ -105,6 +106,7 @@ class CommitterService:
                     nc, names.commit_all, self._dispatcher(nc, commits.handle), queue=COMMITTER_QUEUE
                 ),
                 await subscribe_quick(nc, names.api_all, self._dispatcher(nc, api.handle), queue=COMMITTER_QUEUE),
+                await appender.listen(),
             ]
             await nc.flush()
             log.info("committer serving %s and %s (replicas=%d)", names.commit_all, names.api_all, settings.replicas)

@@ -6,7 +6,10 @@ from typing import Any, Final
 
 from services.contract.catalog import JSON_SCHEMA_DIALECT
 from shared import subjects
-from shared.chain import GENESIS
+from shared.chain import GENESIS, START, chain_headers
+from shared.codec import encode_event
+from shared.content import user_text
+from shared.events import Cause, Event, InputSubmitted, LoopStarted
 
 DIGEST_PATTERN: Final = "^[0-9a-f]{64}$"
 
@@ -49,4 +52,41 @@ def chain_headers_schema() -> dict[str, Any]:
         "type": "object",
         "properties": props,
         "required": list(PROPERTIES),
+    }
+
+
+def _example_payloads() -> list[bytes]:
+    """A loop's first records as the committer stores them (fixed ids and times: a stable example)."""
+    loop_id, command_id = "6f1c2a4e-8b3d-4c5e-9f70-1a2b3c4d5e6f", "0d9e8f7a-6b5c-4d3e-8f21-0a1b2c3d4e5f"
+    events: list[Event] = [
+        LoopStarted(loop_id=loop_id, model="demo", event_id="3a7b9c1d-2e4f-4a6b-8c0d-1e2f3a4b5c6d"),
+        InputSubmitted(
+            loop_id=loop_id,
+            message=user_text("what is 17*23?"),
+            cause=Cause(command_id=command_id),
+            event_id="5c8d0e2f-4a6b-4c8d-9e0f-2a3b4c5d6e7f",
+        ),
+    ]
+    for e in events:
+        e.created_at = "2026-01-01T00:00:00Z"
+    return [encode_event(e) for e in events]
+
+
+def chained_record_schema() -> dict[str, Any]:
+    """schemas/history/ChainedRecord.json: a stored record (payload and chain headers), with a worked
+    example of a loop's first records that any implementation can check its digests against."""
+    payloads = _example_payloads()
+    headers, _ = chain_headers(START, payloads)
+    examples = [{"payload": p.decode("utf-8"), "headers": h} for p, h in zip(payloads, headers, strict=True)]
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "title": "ChainedRecord",
+        "description": "One stored history record: its payload (the stored bytes, UTF-8) and its chain headers. "
+        "The examples are a loop's first records in order: SHA-256 of index, a line feed, prev, a line feed and "
+        "the payload's bytes gives each Lw-Digest, and each record's prev is the digest before it.",
+        "type": "object",
+        "properties": {"payload": {"type": "string"}, "headers": {"$ref": "#/$defs/ChainHeaders"}},
+        "required": ["payload", "headers"],
+        "examples": examples,
+        "$defs": {"ChainHeaders": {k: v for k, v in chain_headers_schema().items() if k != "$schema"}},
     }

@@ -82,6 +82,14 @@ def _loop_channels() -> dict[str, Any]:
             "description": "The requester's inbox.",
             "messages": {"ApiReply": _msg_ref("ApiReply")},
         },
+        "chainTip": {
+            "address": _N.chain_tip("{loop_id}"),
+            "title": "chain tips",
+            "description": "Core NATS among committers: each tells the others the digest-chain link of every "
+            "record it stored (see the history headers), so whichever committer appends next needs no read.",
+            "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
+            "messages": {"ChainTip": _msg_ref("ChainTip")},
+        },
         "work": {
             "address": _N.work("{loop_id}"),
             "title": "work signals",

@@ -127,6 +127,15 @@ def _protocol_messages() -> list[dict[str, Any]]:
         )
     )
     out.append(_plain("WorkSignal", "Empty JetStream message: the loop has work (at most one pending per loop).", {}))
+    tip = _plain(
+        "ChainTip",
+        "Core NATS, from a committer to the others: '<seq> <index> <digest>' (ASCII), the chain link of the "
+        "loop's record it just stored at stream sequence seq. Only a speed-up: an append after that record "
+        "needs no read of it.",
+        {"type": "string", "pattern": "^[0-9]+ [1-9][0-9]* [0-9a-f]{64}$"},
+    )
+    tip["contentType"] = "text/plain"
+    out.append(tip)
     return out
 
 

@@ -21,7 +21,7 @@ from services.contract.catalog import (
     LIVE_FRAME,
     TOOL_TYPES,
 )
-from services.contract.chainheaders import chain_headers_schema
+from services.contract.chainheaders import chain_headers_schema, chained_record_schema
 from shared import protocol
 from shared.events import EVENT_TYPES
 
@@ -74,6 +74,7 @@ def schema_files() -> dict[str, dict[str, Any]]:
             name = t.__name__
             files[f"{group}/{_FILE_NAME.get(name, name)}.json"] = standalone_schema(name, t)
     files["history/ChainHeaders.json"] = chain_headers_schema()
+    files["history/ChainedRecord.json"] = chained_record_schema()
     return dict(sorted(files.items()))
 
 

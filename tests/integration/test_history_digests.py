@@ -259,3 +259,63 @@ async def test_verify_all_covers_every_shard_and_a_missing_stream(
         assert "3 stream(s)" in lines[-1] and "2 problem(s)" in lines[-1]
     finally:
         await nc.close()
+
+
+async def test_a_commit_reads_nothing_back_when_a_committer_stored_the_record_before(
+    nc: NATS, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous link is known where the last sequence is known: no stream read per commit, also
+    with two committers taking a loop's commits in turn (each tells the other the links it stored);
+    one read (of the record the OCC check names) after a restart."""
+    from services.committer import chaintips
+    from shared import streamreads
+
+    reads: list[int] = []
+    real_get = streamreads.get_msg
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        reads.append(int(kwargs["seq"]))  # type: ignore[call-overload]
+        return await real_get(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chaintips, "get_msg", counted)
+    api, commits = LoopClient(nc, settings.names, T), CommitClient(nc, settings.names, T)
+    async with running_committer(settings), running_committer(settings):
+        loop_id = (await api.start()).loop_id
+        last = 0
+        for k in range(10):
+            res = await api.input(loop_id, f"q{k}")
+            last = res.seq
+            for event in text_turn(loop_id, k + 1, command_id=res.command_id):  # one commit per record
+                last = (await commits.commit(loop_id, last, [event])).last_seq
+        # (a tip can lose the race with the next request: then that commit reads the record)
+        assert len(reads) <= 3, f"{len(reads)} reads for 40 records over two committers"
+    reads.clear()
+    async with running_committer(settings):  # restarted: one read of the loop's last record, then none
+        more = await api.input(loop_id, "again")
+        await commits.commit(loop_id, more.seq, text_turn(loop_id, 11, command_id=more.command_id)[:1])
+        assert reads == [last]
+    assert_chained(await records(nc, settings, loop_id))
+
+
+async def test_a_message_deleted_from_a_history_stream_is_a_gap(nc: NATS, settings: Settings) -> None:
+    """History streams refuse deletes (deny_delete), so this stream is made without it, as a store
+    that lost a message would look: the loop's chain skips an index, and the stream counts a deletion."""
+    from shared.chain import START, chain_headers
+    from shared.streams import history_stream_config
+
+    config = history_stream_config(settings)
+    config.deny_delete = False
+    js = nc.jetstream()
+    await js.add_stream(config)
+    loop_id = new_id()
+    payloads = [encode_event(loop_started(loop_id)), *(encode_event(input_submitted(loop_id, t)) for t in "abc")]
+    headers, _ = chain_headers(START, payloads)
+    acks = [
+        await js.publish(settings.names.hist(loop_id), p, headers=h) for p, h in zip(payloads, headers, strict=True)
+    ]
+    assert (await verify_loop(nc, settings.names, loop_id)).ok
+    await js.delete_msg(config.name, acks[2].seq)  # JetStream's message delete
+    report = await verify_all(nc, settings.names)
+    assert [(p.kind, p.loop_id, p.seq) for p in report.problems] == [("gap", "", 0), ("gap", loop_id, acks[3].seq)]
+    assert "1 message(s) deleted" in report.problems[0].detail
+    assert "1 record(s) missing" in report.problems[1].detail

@@ -21,6 +21,7 @@ from shared.settings import Settings
 from shared.shaping import INVALID_JSON_ARGUMENTS
 from shared.streamreads import direct_get_batch, get_msg
 from shared.subjects import H_BATCH_SEQ, H_EXPECTED_LAST_SUBJECT_SEQ
+from shared.verify import verify_loop as digest_check
 from tests.syshelpers import check_history_invariants, history
 from tests.system.faultload import LoopState
 from tests.system.faultscript import CALC_RESULTS, FAULT_RESULT_PREFIXES, RESPONSES, STEPS
@@ -35,8 +36,13 @@ class LoopCheck:
 
 
 async def chain_violations(nc: NATS, settings: Settings, loop_id: str) -> list[str]:
-    """Every record (or batch) was appended expecting the loop's previous record; batches are consecutive."""
-    out: list[str] = []
+    """Every record (or batch) was appended expecting the loop's previous record; batches are consecutive;
+    and every record is digested and follows the one before it in the loop's digest chain."""
+    report = await digest_check(nc, settings.names, loop_id)
+    out = [p.line() for p in report.problems]
+    check = report.loops.get(loop_id)
+    if check is not None and check.chained != check.records:
+        out.append(f"{check.records - check.chained} of {check.records} records carry no digest")
     prev, start = 0, 1
     home = await shards.home_of(nc, settings.names, loop_id)
     while True:

@@ -133,6 +133,9 @@ LOOP_REF = "a loop id or the start of one (4+ of 0-9 a-f)"
         (["approve", "x"], "error: GATE must be a gate id or the start of one (4+ of 0-9 a-f), got 'x'"),
         (["start", "--policy", "clock"], "error: --policy wants TOOL=allow|deny|ask (TOOL may be *), got 'clock'"),
         (["schema", "--check"], "error: --check needs --out and/or --asyncapi"),
+        (["verify"], "error: give LOOP or --all (not both)"),
+        (["verify", "abcd", "--all"], "error: give LOOP or --all (not both)"),
+        (["verify", "xyz"], f"error: LOOP must be {LOOP_REF}, got 'xyz'"),
     ],
 )
 def test_local_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
