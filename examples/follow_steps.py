@@ -16,12 +16,11 @@ async def main() -> None:
             calls = [u.name for u in tool_uses(ai)]
             print(f"{event.loop_id} {event.step_id[:8]} {text_of(ai)!r} calls={calls}", flush=True)
 
-    async def on_resume(follower: Follower) -> None:  # the connection was lost and is back (a NATS restart, say)
-        print(f"NATS connection back: following on after {follower.positions} (shard: seq)", file=sys.stderr)
+    async def on_resume(follower: Follower) -> None:  # the connection was lost and is back (a NATS restart)
+        print(f"NATS connection back: following on after {follower.positions}", file=sys.stderr)
 
-    # One ordered consumer per shard's history stream; from_seq=None: from now on (1 replays everything).
     async with await follow_all(nc, settings.names, on_record, from_seq=None, on_resume=on_resume):
-        await asyncio.Event().wait()
+        await asyncio.Event().wait()  # one ordered consumer per shard's stream, from now on (from_seq=1: all)
 
 
 try:
