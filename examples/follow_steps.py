@@ -1,8 +1,9 @@
 """Follow every loop's committed StepDone events: LW_NATS_URL=nats://... python examples/follow_steps.py"""
 
 import asyncio
+import sys
 
-from loopwire import AIMessage, Record, Settings, StepDone, connect, follow_all, text_of, tool_uses
+from loopwire import AIMessage, Follower, Record, Settings, StepDone, connect, follow_all, text_of, tool_uses
 
 
 async def main() -> None:
@@ -15,9 +16,11 @@ async def main() -> None:
             calls = [u.name for u in tool_uses(ai)]
             print(f"{event.loop_id} {event.step_id[:8]} {text_of(ai)!r} calls={calls}", flush=True)
 
-    # One ordered consumer per shard's history stream; from_seq=None: from now on (1 replays everything).
-    async with await follow_all(nc, settings.names, on_record, from_seq=None):
-        await asyncio.Event().wait()
+    async def on_resume(follower: Follower) -> None:  # the connection was lost and is back (a NATS restart)
+        print(f"NATS connection back: following on after {follower.positions}", file=sys.stderr)
+
+    async with await follow_all(nc, settings.names, on_record, from_seq=None, on_resume=on_resume):
+        await asyncio.Event().wait()  # one ordered consumer per shard's stream, from now on (from_seq=1: all)
 
 
 try:

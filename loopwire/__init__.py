@@ -102,7 +102,7 @@ from shared.events import (
     TurnStarted,
     UserInputRequested,
 )
-from shared.follow import Record, follow_all
+from shared.follow import Follower, Record, follow_all
 from shared.history import GateState, LoopHistory, OpenTurn, fold
 from shared.jserrors import IncompatibleConfigError, JetStreamError, JetStreamUnavailableError, PayloadTooLargeError
 from shared.protocol import (
@@ -138,6 +138,7 @@ __all__ = [
     "EphemeralNotPersistableError",
     "ErrorKind",
     "Event",
+    "Follower",
     "ForkChanges",
     "ForkPointError",
     "Gate",

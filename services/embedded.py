@@ -5,21 +5,28 @@ its own OS process (``python -m services.cli serve ...``, the same entry a conta
 until each prints READY, and stops them all: services first (SIGTERM, drain), then NATS, then the
 temporary data directory. Children die with this process even when it is SIGKILLed
 (``PR_SET_PDEATHSIG``, see ``shared.procs``), so nothing is left behind: no process, no port.
+:meth:`EmbeddedStack.supervise` watches every child alike, the nats-server included: one that
+exits is started again (same command, port, store and log file), at most :data:`RESTARTS_ALLOWED`
+times within :data:`RESTART_WINDOW_SECONDS`; one that exits more often stops the stack, its logs kept.
 The commands that run it in the foreground are in :mod:`services.cli.stack`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import tempfile
+import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from services.deployment import Deployment, console_command, service_command, service_env, tool_command
+from shared.errors import NatsServerError, ServiceStartError
 from shared.natsserver import NatsServer, free_port
 from shared.procs import ServiceProcess
 from shared.settings import Settings
@@ -30,6 +37,38 @@ BUILTIN_TOOLS: Final = ("calculator", "clock", "kv_memory", "read_file", "list_d
 STACK_ID_VAR: Final = "LOOPWIRE_EMBEDDED_ID"
 START_TIMEOUT: Final = 60.0
 STOP_TIMEOUT: Final = 10.0
+# A child that exits is started again this many times within the window; once more stops the stack
+# (a child that cannot stay up is a fault to look at, not to hide behind restarts).
+RESTARTS_ALLOWED: Final = 3
+RESTART_WINDOW_SECONDS: Final = 60.0
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A child of the stack found exited: its name, how it ended, its log file."""
+
+    name: str
+    how: str
+    log_path: str
+    restart: Callable[[], object]
+
+
+@dataclass
+class Supervision:
+    """What :meth:`EmbeddedStack.supervise` found: a line per child restarted, and why the stack
+    must stop ("" while it may run on)."""
+
+    said: list[str] = field(default_factory=list)
+    fatal: str = ""
+
+
+def exit_status(code: int | None) -> str:
+    if code is None:
+        return "not started"
+    if code < 0:
+        with_name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        return f"killed by {with_name}"
+    return f"status {code}"
 
 
 @dataclass
@@ -52,6 +91,7 @@ class EmbeddedStack:
     # Keep a temporary data directory at stop: its logs are what explains a failure.
     keep_data: bool = False
     _temp_dir: str = ""
+    _restarts: dict[str, list[float]] = field(default_factory=dict)  # child name -> when it was restarted
 
     @property
     def url(self) -> str:
@@ -129,6 +169,50 @@ class EmbeddedStack:
 
     def dead(self) -> list[ServiceProcess]:
         return self.deployment.dead() if self.deployment is not None else []
+
+    def supervise(self) -> Supervision:
+        """Start again each child that exited (the nats-server first, then services); a child that
+        exited more than :data:`RESTARTS_ALLOWED` times within :data:`RESTART_WINDOW_SECONDS` makes
+        the stack stop, with its data directory (so its logs) kept."""
+        found = Supervision()
+        for gone in self._exits():
+            now = time.monotonic()
+            recent = [t for t in self._restarts.get(gone.name, []) if now - t < RESTART_WINDOW_SECONDS]
+            if len(recent) >= RESTARTS_ALLOWED:
+                self.keep_data = True
+                found.fatal = (
+                    f"{gone.name} exited ({gone.how}) {len(recent) + 1} times within {RESTART_WINDOW_SECONDS:g} s; "
+                    f"everything stopped; its log is kept: {gone.log_path}"
+                )
+                return found
+            self._restarts[gone.name] = [*recent, now]
+            try:
+                gone.restart()
+                again = "restarted"
+            except (ServiceStartError, NatsServerError):
+                again = "restart failed"  # seen exited again at the next look, and counted
+            found.said.append(
+                f"{gone.name} exited ({gone.how}); {again} ({len(recent) + 1} of {RESTARTS_ALLOWED} "
+                f"within {RESTART_WINDOW_SECONDS:g} s); log: {gone.log_path}"
+            )
+        return found
+
+    def _exits(self) -> Iterator[Exit]:
+        server = self.server
+        if server is not None and server.proc is not None and not server.running:
+            # Same port and store: the services reconnect by themselves, and nothing stored is lost.
+            yield Exit("nats-server", exit_status(server.proc.returncode), server.log_file, server.start)
+        for svc in self.dead():
+            code = svc.proc.returncode if svc.proc is not None else None
+            yield Exit(svc.name, exit_status(code), svc.log_path, functools.partial(self._restart, svc))
+
+    def _restart(self, svc: ServiceProcess) -> None:
+        """``svc`` again: same name, command, environment and log file (appended to)."""
+        assert self.deployment is not None
+        svc.stop(timeout=1)
+        self.deployment.sup.remove(svc)
+        again = ServiceProcess(svc.name, svc.args, svc.env, log_path=svc.log_path)
+        self.deployment.sup.start(again, timeout=START_TIMEOUT)
 
     def stop(self) -> None:
         """Stop services (graceful, then killed), NATS, and remove a temporary data directory."""

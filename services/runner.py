@@ -122,11 +122,19 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
     except LoopwireError as e:
         # A typed refusal (the deployment does not fit the settings, JetStream refused a stream, no
         # deployment at all) already says what is wrong: one line, no traceback, exit 1.
-        log.error("%s: %s", "stopped" if ready else "cannot start", e)
+        _say_refusal(settings, log, f"{name} {'stopped' if ready else 'cannot start'}: {e}")
         return 1
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _say_refusal(settings: Settings, log: logging.Logger, text: str) -> None:
+    """The one line a refusal is: the CLI's ``error:`` line, or with JSON logs one log record."""
+    if settings.log_format == "json":
+        log.error("%s", text)
+    else:
+        print(f"error: {text}", file=sys.stderr, flush=True)
 
 
 async def _cancel_on_signal(

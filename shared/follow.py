@@ -5,6 +5,11 @@ sequence (sequences are per stream; a loop's records are all in one stream, so t
 records) and its loop. Each stream's records arrive in order; records of different streams arrive
 in no set order. :attr:`Follower.caught_up` is set once every record stored when following began
 has been handed over, in every stream.
+
+A connection that comes back after it was lost (a NATS restart, a network cut) is followed on
+where each stream left off: the server may have forgotten the consumers (an ordered consumer is
+ephemeral), so each stream is subscribed again from the sequence after its last record handed
+over, never a record twice and none left out; ``on_resume`` is told (``loopwire tail`` says so).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -42,6 +47,11 @@ class Record:
 
 
 OnRecord = Callable[[Record], Awaitable[None]]
+OnResume = Callable[["Follower"], Awaitable[None]]
+
+# How often the connection is looked at for a reconnect (nats-py has no event a second party can wait on).
+RECONNECT_CHECK_SECONDS: Final = 0.2
+RETRY_SECONDS: Final = 0.5
 
 
 class _Stream:
@@ -61,13 +71,23 @@ class _Stream:
 class Follower:
     """Every history stream followed with an ordered consumer; :meth:`stop` (or ``async with``) ends it."""
 
-    def __init__(self, nc: NATS, names: Names, cb: OnRecord, *, from_seq: int | None = 1) -> None:
+    def __init__(
+        self, nc: NATS, names: Names, cb: OnRecord, *, from_seq: int | None = 1, on_resume: OnResume | None = None
+    ) -> None:
         self._nc = nc
         self._names = names
         self._cb = cb
         self._from = from_seq
+        self._on_resume = on_resume
         self._streams: list[_Stream] = []
+        self._watch: asyncio.Task[None] | None = None
         self.caught_up = asyncio.Event()
+        self.resumes = 0  # how often the connection came back and every stream was followed on
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Each shard's last record handed over (its stream sequence; 0: none yet)."""
+        return {s.h.shard: s.last for s in self._streams}
 
     async def start(self) -> None:
         """Subscribe to every stream (raises, subscribing to none, if one cannot be read)."""
@@ -77,26 +97,61 @@ class Follower:
             last = (await js.stream_info(h.stream)).state.last_seq
             # Nothing to catch up to when following only new records or starting after the last one.
             target = 0 if self._from is None or self._from > last else last
-            streams.append(_Stream(h, target))
+            s = _Stream(h, target)
+            # Where a resume starts: after the last record stored (following new ones only) or before from_seq.
+            s.last = last if self._from is None else max(0, self._from - 1)
+            streams.append(s)
+        reconnects = self._nc.stats["reconnects"]
         try:
             for s in streams:
-                s.sub = await js.subscribe(
-                    s.h.subjects, stream=s.h.stream, ordered_consumer=True, cb=self._handler(s), config=self._config()
-                )
+                await self._subscribe(s)
                 self._streams.append(s)
         except BaseException:
             await self.stop()
             raise
         self._check_caught_up()  # (after every subscription: a caught-up follower is always following)
+        self._watch = asyncio.create_task(self._follow_on_after_reconnects(reconnects))
 
-    def _config(self) -> api.ConsumerConfig:
-        if self._from is None:
-            return api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW, inactive_threshold=30.0)
-        if self._from <= 1:
-            return api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, inactive_threshold=30.0)
-        return api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._from, inactive_threshold=30.0
+    async def _subscribe(self, s: _Stream) -> None:
+        """An ordered consumer on ``s`` from the record after its last one handed over."""
+        if s.last:
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=s.last + 1, inactive_threshold=30.0
+            )
+        else:
+            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, inactive_threshold=30.0)
+        js = self._nc.jetstream()
+        s.sub = await js.subscribe(
+            s.h.subjects, stream=s.h.stream, ordered_consumer=True, cb=self._handler(s), config=config
         )
+
+    async def _follow_on_after_reconnects(self, seen: int) -> None:
+        """Each time the connection came back: every stream subscribed again where it left off."""
+        while not self._nc.is_closed:
+            await asyncio.sleep(RECONNECT_CHECK_SECONDS)
+            now = self._nc.stats["reconnects"]
+            if now == seen or not self._nc.is_connected:
+                continue
+            seen = now
+            for s in self._streams:
+                await self._resubscribe(s)
+            self.resumes += 1
+            if self._on_resume is not None:
+                await self._on_resume(self)
+
+    async def _resubscribe(self, s: _Stream) -> None:
+        old, s.sub = s.sub, None
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await old.unsubscribe()
+        while True:
+            try:
+                await self._subscribe(s)
+                return
+            except (nats.errors.Error, TimeoutError):
+                # JetStream may still be recovering its streams after a restart.
+                if self._nc.is_closed:
+                    raise
+                await asyncio.sleep(RETRY_SECONDS)
 
     def _handler(self, s: _Stream) -> Callable[[Msg], Awaitable[None]]:
         async def on_msg(m: Msg) -> None:
@@ -118,10 +173,16 @@ class Follower:
             self.caught_up.set()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+            self._watch = None
         streams, self._streams = self._streams, []
         for s in streams:
-            with contextlib.suppress(nats.errors.Error):
-                await s.sub.unsubscribe()
+            if s.sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await s.sub.unsubscribe()
 
     async def __aenter__(self) -> Follower:
         return self
@@ -132,13 +193,17 @@ class Follower:
         await self.stop()
 
 
-async def follow_all(nc: NATS, names: Names, cb: OnRecord, *, from_seq: int | None = 1) -> Follower:
+async def follow_all(
+    nc: NATS, names: Names, cb: OnRecord, *, from_seq: int | None = 1, on_resume: OnResume | None = None
+) -> Follower:
     """Follow every loop's committed records: ``cb`` gets each as a :class:`Record`.
 
     ``from_seq``: 1 (default) from the first stored record; N from sequence N of each history stream;
     None only records stored from now on. A slow ``cb`` slows its stream's delivery (flow control).
+    After a lost connection came back every stream is followed on where it left off, then
+    ``on_resume(follower)`` is awaited (:attr:`Follower.positions` says where).
     Stop with :meth:`Follower.stop` or ``async with await follow_all(...)``.
     """
-    follower = Follower(nc, names, cb, from_seq=from_seq)
+    follower = Follower(nc, names, cb, from_seq=from_seq, on_resume=on_resume)
     await follower.start()
     return follower

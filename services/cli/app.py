@@ -142,7 +142,10 @@ def _add_up(sub: Commands) -> None:
         "up",
         "run NATS and every service until Ctrl-C (for development)",
         "Start an embedded nats-server and every service as its own process and keep them running. Prints the "
-        "NATS URL; use the client commands from another shell. Ctrl-C (or SIGTERM) stops everything.",
+        "NATS URL; use the client commands from another shell. Ctrl-C (or SIGTERM) stops everything. Every "
+        "child (the nats-server too) that exits is started again, with one line that names it and its log; "
+        "one that exits a 4th time within 60 s stops everything with one error line naming it and its log, "
+        "which is kept (exit 1).",
         connects=False,
     )
     p.add_argument(
@@ -359,7 +362,10 @@ def _add_tail(sub: Commands) -> None:
         "tail",
         "follow live and committed events (of one loop, or of all) until Ctrl-C",
         "Print live events (marked ~) and committed ones (with their sequence) as they happen. With LOOP "
-        "the history so far is printed first (--new skips it); without LOOP only new events are shown.",
+        "the history so far is printed first (--new skips it); without LOOP only new events are shown. "
+        "When the NATS connection is lost (a server restart) tail follows on after the last record it "
+        "printed once the server is back, saying so in one line on stderr (never a record twice, none "
+        "missed); a server away longer than LW_CONNECT_SECONDS ends it with one error line, exit 1.",
     )
     p.add_argument("loop", metavar="LOOP", nargs="?", help="loop id (default: every loop)")
     p.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this stream sequence")

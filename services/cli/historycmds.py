@@ -8,6 +8,7 @@ import signal
 import sys
 
 import anyio
+import nats.errors
 from nats.aio.msg import Msg
 from rich.console import Console
 from rich.table import Table
@@ -18,11 +19,13 @@ from services.cli.folds import fold_loop
 from services.cli.ids import loop_ref, require_known_loop, resolve_loop
 from services.cli.output import make_console, out
 from services.cli.render import clock_of, describe, event_json, short
+from services.cli.resume import reconnected, resumed_line, watch_connection
 from services.cli.session import session
 from shared.codec import decode_live_frame
 from shared.errors import LoopwireError
 from shared.events import Event, TokenDelta
-from shared.follow import Record, follow_all
+from shared.follow import Follower, Record, follow_all
+from shared.jserrors import JetStreamUnavailableError
 from shared.replay import replay
 from shared.settings import Settings
 from shared.turns import follow
@@ -68,7 +71,10 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
             for e in decode_live_frame(msg.data):
                 send.send_nowait((None, e))
 
-    async with session(settings) as nc:
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    async with session(settings, follow=True) as nc:
         loop_id = await resolve_loop(nc, settings, ref) if ref else ""
         if loop_id:
             await require_known_loop(nc, settings, loop_id)  # else it would wait in silence for ever
@@ -79,21 +85,44 @@ async def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
             if args.new:
                 h, _ = await fold_loop(nc, names, loop_id)
                 start = h.last_seq + 1
-            async with follow(nc, names, loop_id, start) as it:
-                async for seq, e in it:
-                    await send.send((seq, e))
+
+            async def pump() -> None:
+                nonlocal start
+                seen = nc.stats["reconnects"]
+                while True:
+                    try:
+                        async with follow(nc, names, loop_id, start) as it:
+                            async for seq, e in it:
+                                start = seq + 1
+                                await send.send((seq, e))
+                    except (JetStreamUnavailableError, nats.errors.Error, TimeoutError):
+                        if nc.is_connected and nc.stats["reconnects"] == seen:
+                            raise  # not a connection that was lost: say what failed
+                        await anyio.sleep(0.5)  # JetStream may still be recovering after a restart
+
+            while True:  # followed again after the connection came back: the consumer may be gone
+                seen = nc.stats["reconnects"]
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump)
+                    await reconnected(nc, seen)
+                    tg.cancel_scope.cancel()
+                say(resumed_line({0: start - 1}))
 
         async def on_record(r: Record) -> None:
             with contextlib.suppress(LoopwireError):
                 await send.send((r.seq, r.event()))
 
+        async def on_resume(f: Follower) -> None:
+            say(resumed_line(f.positions))
+
         async def tail_every_loop() -> None:
             # --from SEQ: from that sequence of each history stream (one per shard).
-            async with await follow_all(nc, names, on_record, from_seq=args.from_seq):
+            async with await follow_all(nc, names, on_record, from_seq=args.from_seq, on_resume=on_resume):
                 await anyio.sleep_forever()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_interrupt, tg.cancel_scope)
+            tg.start_soon(watch_connection, nc, settings)
             tg.start_soon(follow_one if loop_id else tail_every_loop)
             await nc.flush(timeout=5)  # the live subscription is in place before we say so
             what = f"loop {loop_id}" if loop_id else "every loop"

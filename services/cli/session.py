@@ -36,21 +36,29 @@ def _reason(e: BaseException | None) -> str:
     return clip(text, 120)
 
 
-async def open_nats(settings: Settings, *, name: str = "loopwire-cli") -> NATS:
-    """Connect, or raise ``CliError("cannot connect to NATS at <url> (<why>)")`` within a few seconds."""
+async def open_nats(settings: Settings, *, name: str = "loopwire-cli", follow: bool = False) -> NATS:
+    """Connect, or raise ``CliError("cannot connect to NATS at <url> (<why>)")`` within a few seconds.
+
+    ``follow``: a command that follows (``tail``) keeps reconnecting once connected, however long
+    the server is away; a first connection still fails fast."""
     seen: list[BaseException] = []
 
     async def on_error(e: Exception) -> None:
         seen.append(e)
 
     try:
-        return await connect(
+        nc = await connect(
             settings,
             name=name,
             max_reconnect_attempts=CONNECT_ATTEMPTS - 1,
             reconnect_time_wait=0.2,
             error_cb=on_error,
         )
+        if follow:
+            # nats-py reads these at each reconnect: from now on it never gives up.
+            nc.options["max_reconnect_attempts"] = -1
+            nc.options["reconnect_time_wait"] = 0.5
+        return nc
     except (OSError, nats.errors.Error, TimeoutError) as e:
         cause = next((x for x in reversed(seen) if not isinstance(x, nats.errors.NoServersError)), e)
         where = ",".join(settings.nats_urls)
@@ -58,9 +66,10 @@ async def open_nats(settings: Settings, *, name: str = "loopwire-cli") -> NATS:
 
 
 @contextlib.asynccontextmanager
-async def session(settings: Settings) -> AsyncIterator[NATS]:
-    """A connection for one command; remote and JetStream failures become :class:`CliError`."""
-    nc = await open_nats(settings)
+async def session(settings: Settings, *, follow: bool = False) -> AsyncIterator[NATS]:
+    """A connection for one command; remote and JetStream failures become :class:`CliError`.
+    ``follow``: see :func:`open_nats`."""
+    nc = await open_nats(settings, follow=follow)
     try:
         try:
             await _require_deployment(nc, settings)

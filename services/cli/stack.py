@@ -86,7 +86,8 @@ def running(stack: EmbeddedStack, interrupts: Interrupts) -> Iterator[EmbeddedSt
         try:
             stack.start()
         except (ServiceStartError, NatsServerError) as e:
-            raise CliError(f"could not start: {e}") from None
+            stack.keep_data = True  # the logs explain it
+            raise CliError(f"could not start: {e} (logs kept in {stack.log_dir})") from None
         interrupts.check()
         yield stack
     finally:
@@ -414,11 +415,11 @@ def _run_up(args: argparse.Namespace, interrupts: Interrupts) -> int:
         )
         while True:
             interrupts.check()
-            dead = stack.dead()
-            if dead:
-                svc = dead[0]
-                code = svc.proc.returncode if svc.proc is not None else None
-                raise CliError(f"{svc.name} exited with status {code}; see {svc.log_path}")
+            found = stack.supervise()  # every child alike: restarted, or the stack stops (its logs kept)
+            for line in found.said:
+                print(line, flush=True)
+            if found.fatal:
+                raise CliError(found.fatal)
             time.sleep(0.5)
 
 

@@ -2,7 +2,9 @@
 
 A committed record is sent with ``id: <stream sequence>``, so a browser that reconnects with
 ``Last-Event-ID`` resumes right after the last record it got: no gap, no repeat. Live events
-(tokens, tool progress) carry no id: they may be dropped and are never replayed.
+(tokens, tool progress) carry no id: they may be dropped and are never replayed. When the
+console's NATS connection comes back after a loss (a NATS restart), each open stream ends with an
+``error`` frame, so the page reconnects and resumes the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from shared.subjects import Names
 RETRY_MS: Final = 500  # the page reconnects this soon after a drop
 HEARTBEAT_SECONDS: Final = 15.0
 QUEUE_LIMIT: Final = 2048
+# How often an open stream looks whether the console's NATS connection came back from a loss.
+RECONNECT_CHECK_SECONDS: Final = 0.5
+RECONNECTED: Final = "the console's NATS connection was lost and is back: resuming after the last record"
 
 
 def frame(event: str, data: Any, event_id: int | None = None) -> bytes:
@@ -90,13 +95,25 @@ async def loop_feed(nc: NATS, names: Names, loop_id: str, after: int) -> AsyncIt
         yield frame("error", {"kind": "unavailable", "message": f"cannot follow the loop: {e}"})
         await _unsubscribe(subs)
         return
+    reconnects = nc.stats["reconnects"]
     try:
         yield retry_frame()
+        quiet = 0.0
         while True:
             try:
-                yield await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                yield await asyncio.wait_for(queue.get(), RECONNECT_CHECK_SECONDS)
+                quiet = 0.0
             except TimeoutError:
-                yield HEARTBEAT
+                if nc.stats["reconnects"] != reconnects:
+                    # The connection was lost and is back; the server may have forgotten the consumer
+                    # (a restart). Ending the stream makes the page reconnect with Last-Event-ID, and
+                    # a new consumer starts right after the last record it got.
+                    yield frame("error", {"kind": "unavailable", "message": RECONNECTED})
+                    return
+                quiet += RECONNECT_CHECK_SECONDS
+                if quiet >= HEARTBEAT_SECONDS:
+                    quiet = 0.0
+                    yield HEARTBEAT
     finally:
         await _unsubscribe(subs)
 

@@ -6,6 +6,7 @@ import json
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +32,9 @@ TOKEN = "s3cret-console-token"
 @contextmanager
 def console_process(settings: Settings, token: str) -> Iterator[str]:
     port = free_port()
-    anyio.run(natsfixtures.create_deployment, settings)  # the console refuses a server without one
+    # The console refuses a server without a deployment (a thread of its own: a test's event loop may run here).
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(anyio.run, natsfixtures.create_deployment, settings).result()
     with tempfile.TemporaryDirectory(prefix="lw-console-") as d:
         console = Deployment.for_settings(settings, Path(d), env={"LW_CONSOLE_TOKEN": token})
         proc = console.start("console", console_command(port), timeout=30)

@@ -30,6 +30,7 @@ from shared.content import ImageBlock, TextBlock, text_of
 from shared.events import RawToolUse
 from shared.natsserver import free_port
 from shared.settings import Settings
+from tests import natsfixtures
 from tests.mcpfixtures import everything_command, probe_command, start_everything_http, time_command
 
 pytestmark = pytest.mark.anyio
@@ -350,6 +351,7 @@ async def test_server_everything(nc: NATS, settings: Settings) -> None:
 async def test_cli_reports_bad_servers_and_exits_1(settings: Settings) -> None:
     env = {**os.environ, "LW_NATS_URL": ",".join(settings.nats_urls), "LW_PREFIX": settings.prefix}
     cli = [sys.executable, "-m", "services.cli", "serve", "mcp"]
+    await natsfixtures.create_deployment(settings)  # a bridge refuses a server without a deployment first
     cases = [
         (["bad", "--init-timeout", "1", "--", *probe_command("--hang")], "did not answer initialize within 1s"),
         (["bad", "--", sys.executable, "-c", "print('hi')"], "is not an MCP server"),
