@@ -24,6 +24,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── IncompatibleConfigError           shared.jserrors: a stream or bucket exists, configured otherwise
     ├── StreamSetupError                  shared.jserrors: JetStream refused to create a stream or bucket
     ├── NoDeploymentError                 the NATS server holds no loopwire deployment to serve
+    ├── ConfigError                       (also ValueError) settings that do not fit together
     ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError
@@ -165,6 +166,10 @@ class NatsServerError(LoopwireError, RuntimeError):
 
 class NatsUnreachableError(LoopwireError):
     """No NATS server took a starting service's connection within ``LW_CONNECT_SECONDS``."""
+
+
+class ConfigError(LoopwireError, ValueError):
+    """Settings whose values do not fit together (found when a service starts)."""
 
 
 class NoDeploymentError(LoopwireError):

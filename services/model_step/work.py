@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from shared.errors import ConfigError
 from shared.subjects import H_STATUS, Names, js_api
 
 log = logging.getLogger("loopwire.model_step.work")
@@ -41,7 +42,7 @@ def served_shards(names: Names, served: Sequence[int]) -> tuple[int, ...]:
         return tuple(names.shard_ids)
     bad = sorted({k for k in served if k not in names.shard_ids})
     if bad:
-        raise ValueError(f"LW_SHARDS_SERVED names shards {bad}; LW_SHARDS={names.shards} has 0 to {names.shards - 1}")
+        raise ConfigError(f"LW_SHARDS_SERVED names shards {bad}; LW_SHARDS={names.shards} has 0 to {names.shards - 1}")
     return tuple(sorted(set(served)))
 
 

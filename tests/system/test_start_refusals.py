@@ -107,3 +107,10 @@ def test_a_server_without_loopwire_is_refused_and_nothing_is_created(server: Nat
     line = one_line(run(server, prefix, kind))
     assert f"no loopwire deployment at {server.url} (no stream {prefix.upper()}_HISTORY; another LW_PREFIX?)" in line
     assert not {n for n in stream_names(server) if prefix in n or prefix.upper() in n}, stream_names(server)
+
+
+def test_a_model_step_serving_a_shard_the_deployment_lacks_is_one_line(
+    server: NatsServer, deployment: Settings
+) -> None:
+    line = one_line(run(server, deployment.prefix, "model-step", LW_SHARDS=str(SHARDS), LW_SHARDS_SERVED="1,5"))
+    assert line == "error: model-step cannot start: LW_SHARDS_SERVED names shards [5]; LW_SHARDS=2 has 0 to 1"
