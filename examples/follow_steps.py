@@ -2,12 +2,13 @@
 
 import asyncio
 
-from loopwire import AIMessage, Record, Settings, StepDone, connect, follow_all, text_of, tool_uses
+from loopwire import AIMessage, Record, Settings, StepDone, connect, follow_all, read_deployment, text_of, tool_uses
 
 
 async def main() -> None:
-    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, LW_SHARDS, credentials (a read-only user is enough)
+    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, credentials (a read-only user is enough)
     nc = await connect(settings, name="follow-steps")
+    settings = await read_deployment(nc, settings)  # the deployment's shard count
 
     async def on_record(record: Record) -> None:  # every loop's committed records, in order per loop
         event = record.event()  # strict decode and validation

@@ -105,6 +105,7 @@ from shared.events import (
 from shared.follow import Record, follow_all
 from shared.history import GateState, LoopHistory, OpenTurn, fold
 from shared.jserrors import IncompatibleConfigError, JetStreamError, JetStreamUnavailableError, PayloadTooLargeError
+from shared.layout import ShardCountError, read_deployment
 from shared.protocol import (
     ClosedError,
     ConflictError,
@@ -184,6 +185,7 @@ __all__ = [
     "Role",
     "ServiceStartError",
     "Settings",
+    "ShardCountError",
     "StepDone",
     "StreamAccumulator",
     "StrictJSONError",
@@ -228,6 +230,7 @@ __all__ = [
     "follow_all",
     "load",
     "loops",
+    "read_deployment",
     "replay",
     "resolve_model",
     "run_worker",

@@ -21,6 +21,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── JetStreamUnavailableError         shared.jserrors: no answer from JetStream
     ├── PayloadTooLargeError              shared.jserrors: over the server's max_payload
     ├── IncompatibleConfigError           shared.jserrors: a stream or bucket exists, configured otherwise
+    ├── ShardCountError                   shared.layout: LW_SHARDS disagrees with the deployment's count
     ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError

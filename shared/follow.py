@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from shared import layout
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
 from shared.events import Event
 from shared.shards import HistoryStream, history_streams
@@ -137,8 +138,9 @@ async def follow_all(nc: NATS, names: Names, cb: OnRecord, *, from_seq: int | No
 
     ``from_seq``: 1 (default) from the first stored record; N from sequence N of each history stream;
     None only records stored from now on. A slow ``cb`` slows its stream's delivery (flow control).
+    The shards followed are the deployment's (read from it), whatever count ``names`` has.
     Stop with :meth:`Follower.stop` or ``async with await follow_all(...)``.
     """
-    follower = Follower(nc, names, cb, from_seq=from_seq)
+    follower = Follower(nc, await layout.names_of(nc, names), cb, from_seq=from_seq)
     await follower.start()
     return follower

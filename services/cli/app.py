@@ -13,7 +13,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 
-from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from services.cli.handlers import (
+    ClientCommand,
+    handle_auth_config,
+    handle_console,
+    handle_demo,
+    handle_schema,
+    handle_serve,
+    handle_up,
+)
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
@@ -105,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_lineage_and_diff,
         _add_tools,
         _add_streams,
+        _add_shards,
+        _add_auth_config,
         _add_schema,
     ):
         add(sub)
@@ -473,6 +483,38 @@ def _add_streams(sub: Commands) -> None:
     p.add_argument("--balance", action="store_true", help="move leaders to spread the shards over the nodes")
     _json_option(p)
     p.set_defaults(handler=ClientCommand(streamscmd.cmd_streams))
+
+
+def _add_shards(sub: Commands) -> None:
+    from services.cli import shardscmd
+
+    p = _command(
+        sub,
+        "shards",
+        "the deployment's shard count; `shards grow N` grows a one-shard deployment",
+        "Every process reads the shard count from the deployment. `loopwire shards grow N` records N and "
+        "creates the new shards' streams; it refuses while any service runs (docs/scaling.md).",
+    )
+    which = p.add_subparsers(dest="action", metavar="ACTION")
+    g = which.add_parser("grow", help="grow a one-shard deployment to N shards", formatter_class=_Formatter)
+    _connection_options(g, top=False)
+    g.add_argument("grow", type=int, metavar="N", help="the new shard count")
+    _json_option(p)
+    p.set_defaults(handler=ClientCommand(shardscmd.cmd_shards), grow=None)
+
+
+def _add_auth_config(sub: Commands) -> None:
+    p = _command(
+        sub,
+        "auth-config",
+        "print the NATS users and permissions (auth.conf) for an N-shard deployment",
+        "One user per service kind (committer, model-step, each built-in tool, an MCP bridge, operator, "
+        "reader), each granted every shard's subjects, streams and buckets; deploy/nats/auth.conf is its output.",
+        connects=False,
+    )
+    p.add_argument("--shards", type=int, default=1, metavar="N", help="the deployment's shard count (default 1)")
+    p.add_argument("--prefix", default="lw", help="the deployment's LW_PREFIX (default lw)")
+    p.set_defaults(handler=handle_auth_config)
 
 
 def _add_schema(sub: Commands) -> None:

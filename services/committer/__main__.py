@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(None, **overrides)
     except ValueError as e:
         parser.error(str(e))
-    return run_service("committer", CommitterService(settings), settings)
+    return run_service("committer", CommitterService, settings)
 
 
 if __name__ == "__main__":

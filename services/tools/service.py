@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Sequence
+from functools import partial
 
 import anyio
 from anyio.abc import TaskStatus
@@ -70,4 +71,4 @@ def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: 
     s = settings or Settings.from_env()
     if nats_url:
         s = dataclasses.replace(s, nats_urls=split_list(nats_url))
-    return run_service("tools", ToolService(tools, s), s)
+    return run_service("tools", partial(ToolService, tools), s)
