@@ -41,8 +41,9 @@ ANSWERS = ["first answer", "second answer", "third answer"]
 def _env(settings: Settings, **extra: str) -> dict[str, str]:
     """This process's environment for a loopwire process of ``settings``' deployment; ``LW_SHARDS``
     blank unless given (the deployment's count is read)."""
-    base = service_env(settings.nats_urls, settings.prefix, settings.replicas, shards=settings.shards)
-    return {**os.environ, **base, "COLUMNS": "200", "LW_CONNECT_SECONDS": "10", **extra}
+    base = service_env(settings.nats_urls, settings.prefix, settings.replicas)
+    chosen = str(settings.shards) if settings.shards else ""
+    return {**os.environ, **base, "LW_SHARDS": chosen, "COLUMNS": "200", "LW_CONNECT_SECONDS": "10", **extra}
 
 
 def run(settings: Settings, *argv: str, timeout: float = 60.0, **extra: str) -> subprocess.CompletedProcess[str]:
