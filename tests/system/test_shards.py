@@ -78,13 +78,10 @@ async def test_a_deployment_grown_from_one_shard_keeps_its_loops_readable_and_dr
         (gate,) = h.open_gates
 
     # Every service stopped, the deployment grown, then every service started again (reading three).
-    grown = subprocess.run(
-        [sys.executable, "-m", "services.cli", "shards", "grow", "3"],
-        env={**os.environ, **service_env(settings.nats_urls, settings.prefix)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    grow = [sys.executable, "-m", "services.cli", "shards", "grow", "3"]
+    env = {**os.environ, **service_env(settings.nats_urls, settings.prefix)}
+    grown = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(grow, env=env, capture_output=True, text=True, timeout=60, check=False)
     )
     assert grown.returncode == 0, grown.stderr
     with system(settings, tools=("calculator",)):
