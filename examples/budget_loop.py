@@ -3,12 +3,13 @@
 import asyncio
 import sys
 
-from loopwire import Budget, LoopClient, Settings, TurnFailed, connect, load, wait_for_turn
+from loopwire import Budget, LoopClient, Settings, TurnFailed, connect, load, read_deployment, wait_for_turn
 
 
 async def main(prompt: str) -> None:
     settings = Settings.from_env()
     nc = await connect(settings, name="budget-loop")
+    settings = await read_deployment(nc, settings)  # the deployment's shard count
     client = LoopClient(nc, settings.names)
     # One model step a turn and a cent for the whole loop; a spent budget fails the turn.
     loop = await client.start(model="demo", budget=Budget(max_steps_per_turn=1, max_cost_usd=0.01))

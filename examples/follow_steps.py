@@ -7,7 +7,7 @@ from loopwire import AIMessage, Follower, Record, Settings, StepDone, connect, f
 
 
 async def main() -> None:
-    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, LW_SHARDS, credentials (a read-only user is enough)
+    settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, credentials (a read-only user is enough)
     nc = await connect(settings, name="follow-steps")
 
     async def on_record(record: Record) -> None:  # every loop's committed records, in order per loop

@@ -2,12 +2,13 @@
 
 import asyncio
 
-from loopwire import ContextPolicy, LoopClient, Settings, connect, load, wait_for_turn
+from loopwire import ContextPolicy, LoopClient, Settings, connect, load, read_deployment, wait_for_turn
 
 
 async def main() -> None:
     settings = Settings.from_env()
     nc = await connect(settings, name="long-loop")
+    settings = await read_deployment(nc, settings)  # the deployment's shard count
     client = LoopClient(nc, settings.names)
     # A 1,024-token window: once a request would not fit, the model summarises the older messages.
     context = ContextPolicy(strategy="compact", window=1024)

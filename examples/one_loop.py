@@ -3,12 +3,13 @@
 import asyncio
 import sys
 
-from loopwire import LoopClient, Settings, connect, replay, wait_for_turn
+from loopwire import LoopClient, Settings, connect, read_deployment, replay, wait_for_turn
 
 
 async def main(prompt: str) -> None:
     settings = Settings.from_env()  # LW_NATS_URL, LW_PREFIX, credentials
     nc = await connect(settings, name="one-loop")
+    settings = await read_deployment(nc, settings)  # the deployment's shard count
     client = LoopClient(nc, settings.names)
     loop = await client.start()  # a new loop, on the committer's default model (LW_MODEL)
     sent = await client.input(loop.loop_id, prompt)

@@ -105,6 +105,7 @@ from shared.events import (
 from shared.follow import Follower, Record, follow_all
 from shared.history import GateState, LoopHistory, OpenTurn, fold
 from shared.jserrors import IncompatibleConfigError, JetStreamError, JetStreamUnavailableError, PayloadTooLargeError
+from shared.layout import ShardCountError, read_deployment
 from shared.protocol import (
     ClosedError,
     ConflictError,
@@ -185,6 +186,7 @@ __all__ = [
     "Role",
     "ServiceStartError",
     "Settings",
+    "ShardCountError",
     "StepDone",
     "StreamAccumulator",
     "StrictJSONError",
@@ -229,6 +231,7 @@ __all__ = [
     "follow_all",
     "load",
     "loops",
+    "read_deployment",
     "replay",
     "resolve_model",
     "run_worker",

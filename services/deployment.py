@@ -54,7 +54,7 @@ def service_env(
     prefix: str,
     replicas: int = 1,
     *,
-    shards: int = 1,
+    shards: int = 0,
     log_level: str = "INFO",
     isolated: bool = False,
     monitor_urls: Sequence[str] = (),
@@ -70,7 +70,8 @@ def service_env(
             "LW_NATS_URL": ",".join(nats_urls),
             "LW_PREFIX": prefix,
             "LW_REPLICAS": str(replicas),
-            "LW_SHARDS": str(shards),
+            # Blank (0): every process reads the deployment's count; a number chooses a new one's.
+            "LW_SHARDS": str(shards) if shards else "",
             "LW_LOG_LEVEL": log_level,
         }
     )

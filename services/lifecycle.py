@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -26,6 +26,7 @@ log = logging.getLogger("loopwire.lifecycle")
 SILENT_SECONDS: Final = 1.0
 
 
+@runtime_checkable
 class Service(Protocol):
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
 

@@ -3,6 +3,7 @@ telemetry, SIGTERM/SIGINT → cancel → drain, the READY line, the exit status.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import logging
@@ -15,10 +16,10 @@ from typing import Final, NoReturn
 import anyio
 from anyio.abc import TaskGroup
 
-from services.lifecycle import Service, let_go_of_silent, raise_single
+from services.lifecycle import Service, let_go, let_go_of_silent, raise_single
 from services.synccheck import warn_unless_synced
-from shared import logfmt, metrics, telemetry
-from shared.connect import broker_reachable
+from shared import layout, logfmt, metrics, telemetry
+from shared.connect import broker_reachable, connect
 from shared.errors import LoopwireError, NatsUnreachableError
 from shared.logfmt import JsonFormatter
 from shared.procs import READY_LINE
@@ -84,10 +85,12 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def run_service(name: str, service: Service, settings: Settings) -> int:
+def run_service(name: str, service: Service | Callable[[Settings], Service], settings: Settings) -> int:
     """Run ``service`` until SIGTERM/SIGINT cancels it (then it drains); 0 on a graceful stop.
 
-    Prints ``READY`` on stdout once the service serves (``shared.procs`` waits for that line).
+    ``service`` is a loopwire service's factory: it is made with the deployment's settings, read at
+    connect (:func:`_deployment`); a ready-made one runs with the settings it has. Prints ``READY``
+    on stdout once the service serves (``shared.procs`` waits for that line).
     """
     setup_logging(settings, name)
     telemetry.configure(name)
@@ -104,11 +107,15 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
                 watcher.start_soon(_cancel_on_signal, signals, stop, log, settings, watcher)
                 watcher.start_soon(warn_unless_synced, settings)  # one warning per server that does not sync
                 with stop:
-                    async with anyio.create_task_group() as tg:
-                        await tg.start(service.run)
-                        ready = True
-                        print(READY_LINE, flush=True)
-                        log.info("ready")
+                    async with contextlib.AsyncExitStack() as stack:
+                        running = service
+                        if isinstance(running, type) or not isinstance(running, Service):  # a factory
+                            running = running(await _deployment(stack, name, settings))
+                        async with anyio.create_task_group() as tg:
+                            await tg.start(running.run)
+                            ready = True
+                            print(READY_LINE, flush=True)
+                            log.info("ready")
                 watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
 
     tune_gc()
@@ -120,8 +127,9 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
         log.error("%s", e)  # one line: the connection's own attempts were logged as they failed
         return 1
     except LoopwireError as e:
-        # A typed refusal (the deployment does not fit the settings, JetStream refused a stream, no
-        # deployment at all) already says what is wrong: one line, no traceback, exit 1.
+        # A typed refusal (another LW_SHARDS than the deployment's, settings that do not fit it,
+        # JetStream refused a stream, no deployment at all) already says what is wrong: one line, no
+        # traceback, exit 1, before anything was created or written.
         _say_refusal(settings, log, f"{name} {'stopped' if ready else 'cannot start'}: {e}")
         return 1
     finally:
@@ -135,6 +143,17 @@ def _say_refusal(settings: Settings, log: logging.Logger, text: str) -> None:
         log.error("%s", text)
     else:
         print(f"error: {text}", file=sys.stderr, flush=True)
+
+
+async def _deployment(stack: contextlib.AsyncExitStack, name: str, settings: Settings) -> Settings:
+    """Connect, read the deployment's layout (:func:`shared.layout.read_deployment`: a disagreeing
+    ``LW_SHARDS`` raises) and answer presence requests on this connection while the service runs
+    (``loopwire shards grow`` refuses while any service answers)."""
+    nc = await connect(settings, name=f"{name}:deployment"[:128])
+    stack.push_async_callback(let_go, nc)
+    adopted = await layout.read_deployment(nc, settings, within=settings.connect_seconds)
+    await layout.announce(nc, adopted.names, name)
+    return adopted
 
 
 async def _cancel_on_signal(

@@ -25,6 +25,7 @@ keep that base because callers catch them as such. The whole tree (a unit test k
     ├── StreamSetupError                  shared.jserrors: JetStream refused to create a stream or bucket
     ├── NoDeploymentError                 the NATS server holds no loopwire deployment to serve
     ├── ConfigError                       (also ValueError) settings that do not fit together
+    ├── ShardCountError                   shared.layout: LW_SHARDS disagrees with the deployment's count
     ├── NatsUnreachableError              no NATS server took a service's connection in time
     ├── RemoteError                       shared.protocol: an error reply of the committer
     │   ├── InvalidRequestError

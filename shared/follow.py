@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from shared import layout
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
 from shared.events import Event
 from shared.shards import HistoryStream, history_streams
@@ -202,8 +203,9 @@ async def follow_all(
     None only records stored from now on. A slow ``cb`` slows its stream's delivery (flow control).
     After a lost connection came back every stream is followed on where it left off, then
     ``on_resume(follower)`` is awaited (:attr:`Follower.positions` says where).
+    The shards followed are the deployment's (read from it), whatever count ``names`` has.
     Stop with :meth:`Follower.stop` or ``async with await follow_all(...)``.
     """
-    follower = Follower(nc, names, cb, from_seq=from_seq, on_resume=on_resume)
+    follower = Follower(nc, await layout.names_of(nc, names), cb, from_seq=from_seq, on_resume=on_resume)
     await follower.start()
     return follower

@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
-from shared import shards
+from shared import layout, shards
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
 from shared.errors import InvalidEventError, Rule
 from shared.events import Event
@@ -193,7 +193,7 @@ async def load(
 
 async def loops(nc: NATS, names: Names | None = None) -> list[str]:
     """Every loop id with at least one committed record, sorted."""
-    n = names or DEFAULT_NAMES
+    n = await layout.names_of(nc, names or DEFAULT_NAMES)
     found: list[str] = []
     for h in shards.history_streams(n):
         found += await subjects(nc, h.stream, h.subjects)

@@ -203,11 +203,13 @@ class Settings:
     )
     prefix: str = setting("LW_PREFIX", "lw", "subject prefix and stream/bucket name prefix")
     replicas: int = setting("LW_REPLICAS", 1, "replicas of every stream and bucket: 1 or 3", parse=one_of(1, 3))
+    # 0: not set; every process reads the count from the deployment (shared.layout).
     shards: int = setting(
         "LW_SHARDS",
-        1,
-        "history/work streams and lease/result buckets per deployment, chosen once (docs/scaling.md)",
+        0,
+        "history/work streams and lease/result buckets of a new deployment (others read theirs; docs/scaling.md)",
         parse=int_in(1, MAX_SHARDS),
+        shown="the deployment's; 1 for a new one",
     )
     max_record_bytes: int = setting("LW_MAX_RECORD_BYTES", 1024 * 1024, "largest durable record in bytes")
     commit_retry_seconds: float = setting(
@@ -322,7 +324,7 @@ class Settings:
 
     @property
     def names(self) -> Names:
-        return Names(self.prefix, self.shards)
+        return Names(self.prefix, self.shards or 1)
 
     @property
     def leader_reads(self) -> bool:

@@ -7,6 +7,7 @@ configuration is incompatible instead of silently using it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Final
@@ -29,6 +30,7 @@ from shared.jserrors import (
     JetStreamUnavailableError,
     StreamSetupError,
 )
+from shared.layout import ShardCountError
 from shared.settings import Settings
 from shared.shards import META_GREW, META_SHARDS
 from shared.subjects import kv_stream
@@ -162,30 +164,42 @@ async def ensure_stream(js: JetStreamContext, config: api.StreamConfig, keys: Se
 async def ensure_history_stream(js: JetStreamContext, settings: Settings, shard: int = 0) -> api.StreamInfo:
     config = history_stream_config(settings, shard)
     if shard == 0:
-        config.metadata = {META_SHARDS: str(settings.shards)}
+        config.metadata = {META_SHARDS: str(settings.names.shards)}
     info = await ensure_stream(js, config, _HISTORY_KEYS)
     if shard == 0:
-        info = await _check_layout(js, settings, info)
+        _check_layout(settings, info)
     return info
 
 
-async def _check_layout(js: JetStreamContext, settings: Settings, info: api.StreamInfo) -> api.StreamInfo:
-    """Check the shard count shard 0's stream recorded against ``LW_SHARDS``: the count is chosen once,
-    except that a one-shard deployment may grow (its loops stay in shard 0, see shared.shards)."""
+def _check_layout(settings: Settings, info: api.StreamInfo) -> None:
+    """The shard count shard 0's stream recorded must be ``settings``' (read from it at connect,
+    :mod:`shared.layout`): another one differs only when another process created the deployment
+    with another count meanwhile. Growing is :func:`grow`'s alone."""
+    meta = info.config.metadata or {}
+    recorded = int(meta.get(META_SHARDS, "1"))
+    if recorded != settings.names.shards:
+        raise ShardCountError(settings.names.shards, recorded, settings.prefix)
+    shards.grew(settings.names, meta.get(META_GREW) == "1")
+
+
+async def grow(js: JetStreamContext, settings: Settings, to: int) -> api.StreamInfo:
+    """Grow a one-shard deployment to ``to`` shards: record the count (and, when shard 0 holds loops,
+    that it grew: they stay there) in shard 0's stream, then create the new shards' streams and
+    buckets. The caller checked that no service runs (``loopwire shards grow``)."""
+    info = await js.stream_info(settings.names.history_stream_of(0))
     meta = dict(info.config.metadata or {})
     recorded = int(meta.get(META_SHARDS, "1"))
-    want = settings.shards
-    if recorded != want:
-        if recorded != 1:
-            # The shard count is chosen once: loops would be looked for in the wrong streams.
-            raise IncompatibleConfigError(info.config.name or "", {"shards (LW_SHARDS)": (want, recorded)})
-        meta[META_SHARDS] = str(want)
-        if info.state.messages:
-            meta[META_GREW] = "1"
-        info.config.metadata = meta
-        info = await js.update_stream(info.config)
-        log.warning("the deployment grew from one shard to %d (its loops so far stay in shard 0)", want)
-    shards.grew(settings.names, meta.get(META_GREW) == "1")
+    if recorded == to:
+        return info
+    if recorded != 1:
+        raise ShardCountError(to, recorded, settings.prefix)
+    meta[META_SHARDS] = str(to)
+    if info.state.messages:
+        meta[META_GREW] = "1"
+    info.config.metadata = meta
+    info = await js.update_stream(info.config)
+    log.warning("the deployment grew from one shard to %d (its loops so far stay in shard 0)", to)
+    await ensure_all(js, dataclasses.replace(settings, shards=to))
     return info
 
 

@@ -242,6 +242,12 @@ class Names:
         """A tool worker's liveness subject: no responders there means the process is gone."""
         return f"{self.prefix}.toolalive.{worker_id}"
 
+    @property
+    def presence(self) -> str:
+        """Every running service answers a request here with its name and shard count (core NATS):
+        how ``loopwire shards grow`` knows none runs (``shared.layout``)."""
+        return f"{self.prefix}.services"
+
     def lease_holder(self, token: str) -> str:
         """A model-step replica's liveness subject: no responders there means its leases may be taken."""
         return f"{self.prefix}.msalive.{token}"

@@ -11,33 +11,28 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-from services.cli.handlers import ClientCommand, handle_console, handle_demo, handle_schema, handle_serve, handle_up
+from services.cli import opsparser
+from services.cli.handlers import (
+    ClientCommand,
+    handle_console,
+    handle_demo,
+    handle_serve,
+    handle_up,
+)
 from services.cli.helpexamples import epilog
+from services.cli.parserkit import Formatter, Handler, command, connection_options, json_option
 from services.cli.parsing import Parser, count, port, positive_seconds, seconds, sequence
 from shared.settings import ENV_VARS
 from shared.wiretypes import ON_UNKNOWN_OUTCOMES, POLICY_EFFECTS
 
+if TYPE_CHECKING:
+    from services.cli.parserkit import Commands
+
 DEMO_PROMPT: Final = "what is 17*23 and what time is it in Tokyo?"
 PROG: Final = "loopwire"
-
-Handler = Callable[[argparse.Namespace], int]
-if TYPE_CHECKING:
-    Commands: TypeAlias = argparse._SubParsersAction[Parser]
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=32, width=min(100, max(60, _columns())))
-
-
-def _columns() -> int:
-    try:
-        return int(os.environ.get("COLUMNS", "")) or os.get_terminal_size().columns
-    except (ValueError, OSError):
-        return 100
 
 
 def _version() -> str:
@@ -49,42 +44,19 @@ def _version() -> str:
         return "unknown"
 
 
-def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    # On sub-commands the defaults are SUPPRESSed, so `loopwire --nats-url X history ...` and
-    # `loopwire history ... --nats-url X` both work.
-    default = None if top else argparse.SUPPRESS
-    parser.add_argument(
-        "--nats-url", metavar="URL", default=default, help="NATS server URL(s), comma-separated (env LW_NATS_URL)"
-    )
-    parser.add_argument("--prefix", default=default, help="subject/stream prefix (env LW_PREFIX, default lw)")
-
-
-def _json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON (one object per line) instead of text")
-
-
-def _command(sub: Commands, name: str, help_: str, description: str = "", *, connects: bool = True) -> Parser:
-    p: Parser = sub.add_parser(
-        name, help=help_, description=description or help_, epilog=epilog(name), formatter_class=_Formatter
-    )
-    if connects:
-        _connection_options(p, top=False)
-    return p
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also used by tests to check compose.yaml's commands)."""
     env_help = "\n".join(f"  {k:<30} {v}" for k, v in ENV_VARS.items())
     parser = Parser(
         prog=PROG,
-        formatter_class=_Formatter,
+        formatter_class=Formatter,
         description="loopwire: LLM agent loops as a distributed system on NATS.\n\n"
         "Try it:  loopwire demo\n"
         "Develop: loopwire up   (then, in another shell: loopwire start; loopwire send LOOP 'hi' --wait)",
         epilog=f"Configuration comes from the environment:\n{env_help}",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    _connection_options(parser, top=True)
+    connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (
         # all in one, then one service in the foreground
@@ -105,16 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
         _add_fork,
         _add_lineage_and_diff,
         _add_tools,
-        _add_streams,
-        _add_verify,
-        _add_schema,
+        opsparser.add_streams,
+        opsparser.add_verify,
+        opsparser.add_shards,
+        opsparser.add_auth_config,
+        opsparser.add_schema,
     ):
         add(sub)
     return parser
 
 
 def _add_demo(sub: Commands) -> None:
-    p = _command(
+    p = command(
         sub,
         "demo",
         "run a loop on an embedded NATS server with every service, live, then stop everything",
@@ -137,7 +111,7 @@ def _add_demo(sub: Commands) -> None:
 
 
 def _add_up(sub: Commands) -> None:
-    p = _command(
+    p = command(
         sub,
         "up",
         "run NATS and every service until Ctrl-C (for development)",
@@ -169,11 +143,11 @@ def _add_up(sub: Commands) -> None:
 
 def _served(service: str) -> dict[str, Any]:
     """The help layout and examples of ``serve SERVICE``."""
-    return {"formatter_class": _Formatter, "epilog": epilog(f"serve {service}")}
+    return {"formatter_class": Formatter, "epilog": epilog(f"serve {service}")}
 
 
 def _add_serve(sub: Commands) -> None:
-    p = _command(
+    p = command(
         sub,
         "serve",
         "run one service in the foreground (what a container runs)",
@@ -181,12 +155,12 @@ def _add_serve(sub: Commands) -> None:
     )
     which = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     s = which.add_parser("committer", help="the only writer of loop history", **_served("committer"))
-    _connection_options(s, top=False)
+    connection_options(s, top=False)
     s.add_argument("--replicas", type=int, choices=(1, 3), help="stream and bucket replicas (env LW_REPLICAS)")
     s = which.add_parser("model-step", help="drives loops: model, tools, commits", **_served("model-step"))
-    _connection_options(s, top=False)
+    connection_options(s, top=False)
     s = which.add_parser("tool", help="serve tools: built-in names or module:attr", **_served("tool"))
-    _connection_options(s, top=False)
+    connection_options(s, top=False)
     s.add_argument("tools", nargs="+", metavar="NAME", help="built-in tool name or module:attr")
     _add_serve_mcp(which)
     _add_serve_agent(which)
@@ -204,7 +178,7 @@ def _add_serve_mcp(which: Commands) -> None:
         "bridges with the same NAME share the calls. Exits 1 when the server never completes initialize.",
         **_served("mcp"),
     )
-    _connection_options(s, top=False)
+    connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="server name, the tools' prefix: 1-40 of A-Z a-z 0-9 - (no _)")
     s.add_argument("--url", help="streamable HTTP endpoint of the server (instead of a command)")
     s.add_argument(
@@ -243,7 +217,7 @@ def _add_serve_agent(which: Commands) -> None:
         "Several workers with the same NAME share the calls.",
         **_served("agent"),
     )
-    _connection_options(s, top=False)
+    connection_options(s, top=False)
     s.add_argument("name", metavar="NAME", help="the tool's name: 1-64 of A-Z a-z 0-9 _ -")
     s.add_argument("--model", required=True, help="the child loops' model, e.g. demo or openai:gpt-4o")
     s.add_argument("--tools", metavar="A,B", help="the child loops' tools, comma-separated (default: every tool)")
@@ -261,7 +235,7 @@ def _add_serve_agent(which: Commands) -> None:
 
 
 def _add_console(sub: Commands) -> None:
-    p = _command(
+    p = command(
         sub,
         "console",
         "serve the operator console: a web page to watch loops live, answer gates, steer and inspect",
@@ -276,7 +250,7 @@ def _add_console(sub: Commands) -> None:
 def _add_start(sub: Commands) -> None:
     from services.cli import budgets, contextopts, loopcmds
 
-    p = _command(sub, "start", "start a loop; prints its id")
+    p = command(sub, "start", "start a loop; prints its id")
     p.add_argument(
         "--model",
         help="model spec: demo, scripted:PATH, openai:NAME, anthropic:NAME (default: LW_MODEL when set here, "
@@ -309,14 +283,14 @@ def _add_start(sub: Commands) -> None:
     p.add_argument("--loop-id", metavar="UUID", help="use this loop id instead of a new one")
     budgets.add_budget_options(p)
     contextopts.add_context_options(p)
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_start))
 
 
 def _add_budget(sub: Commands) -> None:
     from services.cli import budgetcmd, budgets
 
-    p = _command(
+    p = command(
         sub,
         "budget",
         "show or change a loop's budget",
@@ -326,38 +300,38 @@ def _add_budget(sub: Commands) -> None:
     )
     p.add_argument("loop", metavar="LOOP", help="loop id")
     budgets.add_budget_options(p)
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(budgetcmd.cmd_budget))
 
 
 def _add_send(sub: Commands) -> None:
     from services.cli import loopcmds
 
-    p = _command(sub, "send", "send user input to a loop")
+    p = command(sub, "send", "send user input to a loop")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("text", metavar="TEXT", help="the user's message; - reads it from standard input")
     p.add_argument("--wait", action="store_true", help="wait until the turn ends and print the answer")
     p.add_argument(
         "--timeout", type=positive_seconds, default=300.0, metavar="S", help="with --wait: give up after S s (300)"
     )
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_send))
 
 
 def _add_history(sub: Commands) -> None:
     from services.cli import historycmds
 
-    p = _command(sub, "history", "print a loop's committed history (replayed from JetStream)")
+    p = command(sub, "history", "print a loop's committed history (replayed from JetStream)")
     p.add_argument("loop", metavar="LOOP", help="loop id")
     p.add_argument("--from", dest="from_seq", type=sequence, default=1, metavar="SEQ", help="first stream sequence")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(historycmds.cmd_history))
 
 
 def _add_tail(sub: Commands) -> None:
     from services.cli import historycmds
 
-    p = _command(
+    p = command(
         sub,
         "tail",
         "follow live and committed events (of one loop, or of all) until Ctrl-C",
@@ -371,24 +345,24 @@ def _add_tail(sub: Commands) -> None:
     p.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this stream sequence")
     p.add_argument("--new", action="store_true", help="with LOOP: only events from now on")
     p.add_argument("--no-tokens", action="store_true", help="hide TokenDelta events")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(historycmds.cmd_tail))
 
 
 def _add_loops(sub: Commands) -> None:
     from services.cli import loopcmds
 
-    p = _command(sub, "loops", "list loops with their state")
-    _json_option(p)
+    p = command(sub, "loops", "list loops with their state")
+    json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_loops))
 
 
 def _add_gates(sub: Commands) -> None:
     from services.cli import gatecmds
 
-    p = _command(sub, "gates", "list open gates (permission requests and questions) waiting for an operator")
+    p = command(sub, "gates", "list open gates (permission requests and questions) waiting for an operator")
     p.add_argument("loop", metavar="LOOP", nargs="?", help="only this loop and its sub-agents' child loops")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_gates))
 
 
@@ -396,56 +370,56 @@ def _add_answers(sub: Commands) -> None:
     """approve, deny and reply: the answers to a gate."""
     from services.cli import gatecmds
 
-    p = _command(sub, "approve", "approve a permission gate")
+    p = command(sub, "approve", "approve a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it (see loopwire gates)")
     p.add_argument("--always", action="store_true", help="also allow this tool for the rest of the loop")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_approve))
 
-    p = _command(sub, "deny", "deny a permission gate")
+    p = command(sub, "deny", "deny a permission gate")
     p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("--reason", help="why (shown to the model)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_deny))
 
-    p = _command(sub, "reply", "answer a question gate (ask_user)")
+    p = command(sub, "reply", "answer a question gate (ask_user)")
     p.add_argument("gate", metavar="GATE", help="gate id or a unique start of it")
     p.add_argument("text", metavar="TEXT", help="the answer (the tool call's result)")
     p.add_argument("--loop", metavar="LOOP", help="the gate's loop (default: found by scanning loops)")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(gatecmds.cmd_reply))
 
 
 def _add_interrupt_and_close(sub: Commands) -> None:
     from services.cli import loopcmds
 
-    p = _command(
+    p = command(
         sub,
         "interrupt",
         "interrupt a loop's running turn",
         "Interrupt LOOP's running turn (exit 1, nothing written, when none runs).",
     )
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_interrupt))
 
-    p = _command(
+    p = command(
         sub,
         "close",
         "close a loop (no more input)",
         "Close LOOP: no more input (exit 1, nothing written, when it is closed already).",
     )
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(loopcmds.cmd_close))
 
 
 def _add_fork(sub: Commands) -> None:
     from services.cli import forks
 
-    p = _command(
+    p = command(
         sub,
         "fork",
         "branch a loop from a committed point; prints the new loop's id",
@@ -467,82 +441,33 @@ def _add_fork(sub: Commands) -> None:
         "--reexecute", action="append", metavar="TOOL=WAY", help="reuse | rerun | ask for a repeated call (repeatable)"
     )
     p.add_argument("--loop-id", metavar="UUID", help="use this id for the new loop")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_fork))
 
 
 def _add_lineage_and_diff(sub: Commands) -> None:
     from services.cli import forks
 
-    p = _command(
+    p = command(
         sub, "lineage", "show a loop's tree: its root, every fork with its fork point, and sub-agents' child loops"
     )
     p.add_argument("loop", metavar="LOOP", help="loop id")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_lineage))
 
-    p = _command(sub, "diff", "compare two branches: common prefix, first divergence, the rest side by side")
+    p = command(sub, "diff", "compare two branches: common prefix, first divergence, the rest side by side")
     p.add_argument("a", metavar="A", help="loop id")
     p.add_argument("b", metavar="B", help="loop id")
-    _json_option(p)
+    json_option(p)
     p.set_defaults(handler=ClientCommand(forks.cmd_diff))
 
 
 def _add_tools(sub: Commands) -> None:
     from services.cli import toolcmds
 
-    p = _command(sub, "tools", "list live tools: replicas, kind, version, arguments")
-    _json_option(p)
+    p = command(sub, "tools", "list live tools: replicas, kind, version, arguments")
+    json_option(p)
     p.set_defaults(handler=ClientCommand(toolcmds.cmd_tools))
-
-
-def _add_streams(sub: Commands) -> None:
-    from services.cli import streamscmd
-
-    p = _command(
-        sub,
-        "streams",
-        "every shard's streams and buckets: leader, followers, messages",
-        "For every shard (LW_SHARDS): its history and work streams and its leases and results buckets, each "
-        "with the node that leads it, its followers and its message count. --balance first moves leaders so "
-        "each node leads about as many shards as the others and a shard's four leaders sit on one node.",
-    )
-    p.add_argument("--balance", action="store_true", help="move leaders to spread the shards over the nodes")
-    _json_option(p)
-    p.set_defaults(handler=ClientCommand(streamscmd.cmd_streams))
-
-
-def _add_verify(sub: Commands) -> None:
-    from services.cli import verifycmd
-
-    p = _command(
-        sub,
-        "verify",
-        "check stored histories against their digest chains: gaps, changed records, broken chains",
-        "Re-read the history of LOOP (or, with --all, every loop of every shard's history stream) and check "
-        "each record's digest chain (docs/protocol.md): one line per problem (a gap, a changed record, a "
-        "broken chain, a history stream missing or unreadable), then a summary; exit 1 on any problem. "
-        "Records written before digests are reported as unchained, not as problems.",
-    )
-    p.add_argument("loop", nargs="?", metavar="LOOP", help="loop id (or a unique start of one)")
-    p.add_argument("--all", action="store_true", help="every loop of every shard")
-    _json_option(p)
-    p.set_defaults(handler=ClientCommand(verifycmd.cmd_verify))
-
-
-def _add_schema(sub: Commands) -> None:
-    p = _command(
-        sub,
-        "schema",
-        "write the JSON Schemas (and the AsyncAPI document) of the wire contract",
-        "Without options: every JSON Schema as one JSON object on stdout. --out DIR writes one file per "
-        "type; --asyncapi FILE writes the AsyncAPI 3 document; --check compares instead of writing.",
-        connects=False,
-    )
-    p.add_argument("--out", metavar="DIR", help="write schema files here (e.g. schemas)")
-    p.add_argument("--asyncapi", metavar="FILE", help="write the AsyncAPI document here (e.g. docs/asyncapi.yaml)")
-    p.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
-    p.set_defaults(handler=handle_schema)
 
 
 # --- running ------------------------------------------------------------------------------------

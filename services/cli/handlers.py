@@ -29,11 +29,16 @@ class ClientCommand:
 
         settings = settings_from(args)
         try:
-            return anyio.run(self.fn, args, settings)
+            return anyio.run(self._with_deployment, args, settings)
         except KeyboardInterrupt:
             if self.fn is historycmds.cmd_tail:
                 return 0  # Ctrl-C is how tail ends
             raise
+
+    async def _with_deployment(self, args: argparse.Namespace, settings: Settings) -> int:
+        from services.cli.session import deployment_settings
+
+        return await self.fn(args, await deployment_settings(settings))
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -108,4 +113,15 @@ def handle_schema(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_asyncapi(), encoding="utf-8")
         print(f"wrote {path}")
+    return 0
+
+
+def handle_auth_config(args: argparse.Namespace) -> int:
+    from services.authconf import auth_config
+    from services.cli.errors import CliError
+    from shared.settings import MAX_SHARDS
+
+    if not 1 <= args.shards <= MAX_SHARDS:
+        raise CliError(f"--shards must be 1-{MAX_SHARDS}, got {args.shards}")
+    sys.stdout.write(auth_config(args.shards, args.prefix))
     return 0

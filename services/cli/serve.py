@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 
 import anyio
 
@@ -26,11 +27,11 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
             settings = Settings.from_env(
                 None, nats_urls=settings.nats_urls, prefix=settings.prefix, replicas=args.replicas
             )
-        return run_service("committer", CommitterService(settings), settings)
+        return run_service("committer", CommitterService, settings)
     if args.service == "model-step":
         from services.model_step.service import ModelStepService
 
-        return run_service("model-step", ModelStepService(settings), settings)
+        return run_service("model-step", ModelStepService, settings)
     if args.service == "mcp":
         return _run_serve_mcp(args, settings)
     if args.service == "agent":
@@ -43,8 +44,8 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         tools = resolve_tools(args.tools)
     except (ValueError, ImportError, AttributeError) as e:
         raise CliError(f"cannot load tool: {e}") from None
-    service = ToolService(tools, settings)
-    return run_service(f"tool:{service.label}", service, settings)
+    label = ToolService(tools, settings).label
+    return run_service(f"tool:{label}", partial(ToolService, tools), settings)
 
 
 def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
@@ -66,7 +67,10 @@ def _run_serve_mcp(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     target = McpTarget(name=args.name, command=tuple(command), url=args.url or "", headers=headers)
-    service = McpService(target, settings, timeout_seconds=args.timeout, init_timeout=args.init_timeout)
+
+    def service(s: Settings) -> McpService:
+        return McpService(target, s, timeout_seconds=args.timeout, init_timeout=args.init_timeout)
+
     try:
         return run_service(f"mcp:{args.name}", service, settings)
     except McpStartError as e:
@@ -106,7 +110,7 @@ def _run_serve_agent(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     anyio.run(_check_agent_tools, settings, args.name, tools, list(policy))
-    return run_service(f"agent:{args.name}", ToolService([tool], settings), settings)
+    return run_service(f"agent:{args.name}", partial(ToolService, [tool]), settings)
 
 
 # How long a sub-agent waits at start for the tools of its --tools (started with it, they may register
@@ -159,7 +163,10 @@ def run_console(args: argparse.Namespace, settings: Settings) -> int:
     # Said at start, in one line: the console would otherwise serve pages about a deployment it
     # cannot reach, or one that is not there ("waiting for the history stream"), or another one's.
     anyio.run(_deployment_checked, settings)
-    service = ConsoleService(settings, host=args.host, port=args.port, token=token)
+
+    def service(s: Settings) -> ConsoleService:
+        return ConsoleService(s, host=args.host, port=args.port, token=token)
+
     try:
         return run_service("console", service, settings)
     except ServiceStartError as e:

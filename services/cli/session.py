@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from services.cli.errors import CliError
 from services.cli.render import clip
 from services.lifecycle import close_quietly, raise_single
+from shared import layout
 from shared.connect import connect
 from shared.errors import LoopwireError
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
@@ -63,6 +64,28 @@ async def open_nats(settings: Settings, *, name: str = "loopwire-cli", follow: b
         cause = next((x for x in reversed(seen) if not isinstance(x, nats.errors.NoServersError)), e)
         where = ",".join(settings.nats_urls)
         raise CliError(f"cannot connect to NATS at {where} ({_reason(cause)}); {NO_DEPLOYMENT_HINT}") from None
+
+
+async def deployment_settings(settings: Settings) -> Settings:
+    """``settings`` with the deployment's shard count (:mod:`shared.layout`), read on a connection
+    of its own before the command runs; a disagreeing ``LW_SHARDS`` is the command's one-line error.
+    Without a server, a deployment or JetStream the settings stay: the command says what is wrong
+    (its own arguments first, then its session)."""
+    try:
+        nc = await open_nats(settings, name="loopwire-cli-layout")
+    except CliError:
+        return settings
+    try:
+        found = await layout.read(nc, settings.prefix)
+    except (nats.errors.Error, nats.js.errors.Error):
+        return settings
+    else:
+        try:
+            return layout.check(settings, found)
+        except LoopwireError as e:
+            raise CliError(str(e)) from None
+    finally:
+        await close_quietly(nc, within=2)
 
 
 @contextlib.asynccontextmanager

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_level:
         overrides["log_level"] = args.log_level
     settings = env_settings(**overrides)
-    return run_service("committer", CommitterService(settings), settings)
+    return run_service("committer", CommitterService, settings)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.model_step.service import ModelStepService
 
     settings = env_settings()
-    return run_service("model-step", ModelStepService(settings), settings)
+    return run_service("model-step", ModelStepService, settings)
 
 
 if __name__ == "__main__":

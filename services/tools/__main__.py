@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from services.runner import env_settings, run_service
 from services.tools.builtins import BUILTINS
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, AttributeError) as e:
         parser.error(str(e))
     settings = env_settings()
-    return run_service("tools", ToolService(tools, settings), settings)
+    return run_service("tools", partial(ToolService, tools), settings)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Sequence
+from functools import partial
 
 import anyio
 from anyio.abc import TaskStatus
@@ -73,4 +74,4 @@ def run_worker(tools: Sequence[Tool], nats_url: str | None = None, *, settings: 
     s = settings or env_settings()
     if nats_url:
         s = dataclasses.replace(s, nats_urls=check_nats_urls("nats_url", split_list(nats_url)))
-    return run_service("tools", ToolService(tools, s), s)
+    return run_service("tools", partial(ToolService, tools), s)
