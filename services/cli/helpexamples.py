@@ -92,6 +92,11 @@ EXAMPLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("loopwire streams", "each shard's streams and buckets: leader, followers, messages"),
         ("loopwire streams --balance", "spread the leaders over the nodes first"),
     ),
+    "shards": (
+        ("loopwire shards", "the deployment's shard count and how many services run"),
+        ("loopwire shards grow 3", "grow a one-shard deployment to 3 shards, its services stopped"),
+    ),
+    "auth-config": (("loopwire auth-config --shards 3", "the NATS users and permissions for 3 shards, on stdout"),),
     "verify": (
         ("loopwire verify 3f2a", "one loop's digest chain, from its first record"),
         ("loopwire verify --all --json", "every loop of every shard, as JSON"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from services.cli.handlers import ClientCommand, handle_auth_config, handle_schema
-from services.cli.parserkit import Formatter, command, connection_options, json_option
+from services.cli.parserkit import command, json_option
 from services.cli.parsing import count
 
 if TYPE_CHECKING:
@@ -57,12 +57,12 @@ def add_shards(sub: Commands) -> None:
         "Every process reads the shard count from the deployment. `loopwire shards grow N` records N and "
         "creates the new shards' streams; it refuses while any service runs (docs/scaling.md).",
     )
-    which = p.add_subparsers(dest="action", metavar="ACTION")
-    g = which.add_parser("grow", help="grow a one-shard deployment to N shards", formatter_class=Formatter)
-    connection_options(g, top=False)
-    g.add_argument("grow", type=count, metavar="N", help="the new shard count")
+    # `shards` and `shards grow N` are one command (a sub-command of its own would make `shards`
+    # alone a command of commands, which must be given one).
+    p.add_argument("action", nargs="?", choices=("grow",), metavar="grow", help="grow the deployment to N shards")
+    p.add_argument("grow", nargs="?", type=count, metavar="N", help="the new shard count (with grow)")
     json_option(p)
-    p.set_defaults(handler=ClientCommand(shardscmd.cmd_shards), grow=None)
+    p.set_defaults(handler=ClientCommand(shardscmd.cmd_shards))
 
 
 def add_auth_config(sub: Commands) -> None:

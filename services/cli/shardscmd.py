@@ -26,6 +26,8 @@ def _describe(found: layout.Layout) -> str:
 async def cmd_shards(args: argparse.Namespace, settings: Settings) -> int:
     async with session(settings) as nc:
         found = await layout.read(nc, settings.prefix)
+        if (args.action is None) != (args.grow is None):
+            raise CliError("give both or neither: loopwire shards grow N")
         if args.grow is None:
             live = await layout.live_services(nc, settings.names)
             if args.json:

@@ -90,6 +90,19 @@ def _loop_channels() -> dict[str, Any]:
             "parameters": {"prefix": _PREFIX, "loop_id": _LOOP},
             "messages": {"ChainTip": _msg_ref("ChainTip")},
         },
+        "presence": {
+            "address": _N.presence,
+            "title": "running services",
+            "description": "Core request/reply: every running service answers a request here with what it is "
+            "(`loopwire shards grow` asks, and refuses while any service answers).",
+            "parameters": {"prefix": _PREFIX},
+            "messages": {"PresenceRequest": _msg_ref("PresenceRequest")},
+        },
+        "presenceReply": {
+            "address": None,
+            "description": "The asker's inbox: one reply per running service.",
+            "messages": {"Presence": _msg_ref("Presence")},
+        },
         "work": {
             "address": _N.work("{loop_id}"),
             "title": "work signals",

@@ -136,6 +136,23 @@ def _protocol_messages() -> list[dict[str, Any]]:
     )
     tip["contentType"] = "text/plain"
     out.append(tip)
+    out.append(_plain("PresenceRequest", "Empty core NATS request: which services are running?", {}))
+    out.append(
+        _plain(
+            "Presence",
+            "A running service's answer: its name, the shard count it runs with, its process id and host.",
+            {
+                "type": "object",
+                "properties": {
+                    "service": {"type": "string"},
+                    "shards": {"type": "integer", "minimum": 1},
+                    "pid": {"type": "integer"},
+                    "host": {"type": "string"},
+                },
+                "required": ["service", "shards", "pid", "host"],
+            },
+        )
+    )
     return out
 
 

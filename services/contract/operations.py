@@ -79,6 +79,16 @@ def _loop_operations() -> dict[str, Any]:
             bindings=_COMMITTER_QUEUE,
             reply=_reply("commitReply", ["CommitReply"]),
         ),
+        "askPresence": _op(
+            "send",
+            "presence",
+            "`loopwire shards grow` asks which services are running.",
+            ["PresenceRequest"],
+            reply=_reply("presenceReply", ["Presence"]),
+        ),
+        "answerPresence": _op(
+            "receive", "presence", "Every running service answers with what it is.", ["PresenceRequest"]
+        ),
         "signalWork": _op(
             "send",
             "work",

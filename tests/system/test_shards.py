@@ -126,7 +126,7 @@ def test_a_service_with_another_shard_count_refuses_to_start(settings: Settings)
         )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "refusing to start: LW_SHARDS=2 but the deployment" in done.stderr, done.stderr[-2000:]
+    assert "cannot start: LW_SHARDS=2 but the deployment" in done.stderr, done.stderr[-2000:]
 
 
 # --- one shard's leader lost ----------------------------------------------------------------------
