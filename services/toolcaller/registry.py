@@ -113,6 +113,11 @@ class ToolRegistry:
         await self.stop()
 
     async def start(self, timeout: float = 10.0) -> None:
+        """Watch the bucket and return once every entry it held is in the view; a registry stopped
+        after a start that failed (a start-up retried while JetStream elects) starts afresh."""
+        await self.stop()
+        self._revisions, self._fetched_up_to, self._watched_up_to = {}, 0, 0
+        self._loaded = asyncio.Event()
         kv = await bucket.ensure_tools_bucket(self._nc.jetstream(), self._names, self._replicas)
         self._watcher = cast(_Watcher, await kv.watchall())
         self._task = asyncio.get_running_loop().create_task(self._follow())

@@ -58,6 +58,28 @@ CHURN_TOOLS = 150
 CHURN_STARTS = 500
 
 
+async def test_a_registry_started_again_after_a_stop_loads_afresh(nc: NATS, settings: Settings) -> None:
+    """The model-step's start-up stops its registry and starts it again when a later step of its
+    start-up meets a JetStream still electing: the second start loads the bucket as the first did."""
+    kv = await ensure_tools_bucket(nc.jetstream(), settings.names)
+    reg = Registration(worker_id="w", spec=ToolSpec(name="alpha"))
+    await kv.put(registration_key("alpha", "w"), msgspec.json.encode(reg))
+    registry = ToolRegistry(nc, settings.names)
+    await registry.start()
+    await kv.put(registration_key("alpha", "w"), msgspec.json.encode(reg))  # the watch is past the load
+    await registry.wait_for("alpha", timeout=5)
+    await registry.stop()
+    await kv.put(
+        registration_key("beta", "w"), msgspec.json.encode(Registration(worker_id="w", spec=ToolSpec(name="beta")))
+    )
+    try:
+        with anyio.fail_after(5):
+            await registry.start()
+        assert sorted(t.name for t in registry.live()) == ["alpha", "beta"]
+    finally:
+        await registry.stop()
+
+
 async def test_every_start_sees_every_live_tool_while_workers_rewrite_and_add_entries(
     nc: NATS, settings: Settings
 ) -> None:
