@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
-from shared.content import AIMessage, Message, Usage, UserMessage
+from shared.content import AIMessage, Message, ToolResultMessage, Usage, UserMessage
 from shared.eventkinds import Class, Profile, Scope
 from shared.wiretypes import (
     ALLOW,
@@ -255,6 +255,24 @@ class ForkChanges(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True
     policy: dict[PolicyKey, PolicyEffect] | None = None
 
 
+class SourceCall(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A call the fork's source committed after the fork point: tool, canonical arguments, result."""
+
+    name: str
+    input: str
+    result: ToolResultMessage
+
+
+class SourceCalls(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, kw_only=True):
+    """The source's calls after the fork point as they stood when the fork was written, so the fork
+    decides a repeated call without reading its source again (its source may live on a shard that is
+    electing a leader, or be gone). ``busy``: the source had work to do then, so it may have been
+    running calls whose results it had not committed (their outcome stays unknown to the fork)."""
+
+    calls: list[SourceCall] = msgspec.field(default_factory=list)
+    busy: bool = False
+
+
 class LoopForked(Event):
     """The first record of a forked loop: where it comes from and what the fork changed.
 
@@ -268,6 +286,8 @@ class LoopForked(Event):
     changes: ForkChanges = msgspec.field(default_factory=ForkChanges)
     # Per tool name ("*" = every tool): what a call equal to one of the source's after the fork point does.
     reexecution: dict[PolicyKey, Reexecution] = msgspec.field(default_factory=dict)
+    # Absent in a fork written before forks copied them (or too large to copy): the source is read.
+    source_calls: SourceCalls | None = None
 
 
 class InputSubmitted(Event):

@@ -38,6 +38,8 @@ from shared.events import (
     LoopStarted,
     ParentRef,
     PermissionRequested,
+    SourceCall,
+    SourceCalls,
     StepDone,
     TurnDone,
     TurnFailed,
@@ -127,6 +129,7 @@ class ForkSpec:
     created_at: str
     changes: ForkChanges
     reexecution: dict[str, Any]
+    source_calls: SourceCalls | None = None
 
 
 class _Ids:
@@ -248,6 +251,7 @@ def build_fork(spec: ForkSpec, records: Sequence[tuple[int, Event]], first_event
         records=len(body),
         changes=ch,
         reexecution=dict(spec.reexecution),
+        source_calls=spec.source_calls,
     )
     return [forked, *body]
 
@@ -284,6 +288,12 @@ def source_results(records: Iterable[tuple[int, Event]], after: int) -> dict[tup
             if r is not None:
                 out.setdefault(call_key(use.name, bytes(use.input)), r)
     return out
+
+
+def source_calls(records: Iterable[tuple[int, Event]], after: int, *, busy: bool) -> SourceCalls:
+    """The source's calls after ``after`` as a fork copies them (``busy``: the source had work to do)."""
+    found = source_results(records, after)
+    return SourceCalls(calls=[SourceCall(name=n, input=i, result=r) for (n, i), r in found.items()], busy=busy)
 
 
 # --- comparing branches ----------------------------------------------------------------------------
@@ -390,6 +400,7 @@ __all__ = [
     "fork_event_id",
     "origins",
     "parents",
+    "source_calls",
     "source_results",
     "valid_points",
 ]

@@ -13,16 +13,18 @@ chain continues its source's: its first record chains to the source's record at 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Final
 
 from shared.codec import encode_event
 from shared.content import AIMessage, tool_uses
 from shared.errors import ErrorKind, InvalidEventError, LoopwireError
 from shared.events import Event, ForkChanges, StepDone, now_rfc3339
-from shared.forking import ForkPointError, ForkSpec, build_fork, check_point
+from shared.forking import ForkPointError, ForkSpec, build_fork, check_point, source_calls
 from shared.history import fold
 from shared.jserrors import JetStreamError, JetStreamUnavailableError
 from shared.modelspec import spec_problem
+from shared.nextaction import may_run_calls
 from shared.protocol import ApiReply, ForkRequest, WireError
 from shared.replay import replay
 
@@ -70,6 +72,21 @@ async def _check_rules(
     tools = await loop_tools(loops.nc, loops.settings, allow_list, policy + reexecution, called)
     tools.check("policy", policy)
     tools.check("reexecution", reexecution)
+
+
+def _encoded(
+    loops: Loops, spec: ForkSpec, records: list[tuple[int, Event]], events: list[Event], first_event_id: str
+) -> list[bytes]:
+    """The fork's records as stored; source calls too large for its first record are left out (the
+    fork then reads its source when it needs them, as forks written before they were copied do)."""
+    limit = loops.settings.max_record_bytes
+    try:
+        return [encode_event(e, max_bytes=limit) for e in events]
+    except InvalidEventError:
+        if spec.source_calls is None:
+            raise
+    events = build_fork(dataclasses.replace(spec, source_calls=None), records, first_event_id)
+    return [encode_event(e, max_bytes=limit) for e in events]
 
 
 def _batches(payloads: list[bytes]) -> list[tuple[int, int]]:
@@ -121,12 +138,16 @@ async def fork(loops: Loops, loop_id: str, req: ForkRequest, first_event_id: str
                 created_at=h.forked.created_at if h.forked is not None else now_rfc3339(),
                 changes=h.forked.changes if h.forked is not None else changes,
                 reexecution=dict(h.forked.reexecution if h.forked is not None else (req.reexecution or {})),
+                # Read once, here: the fork never reads its source again (whose shard may be down).
+                source_calls=h.forked.source_calls
+                if h.forked is not None
+                else source_calls(records, at, busy=may_run_calls(src)),
             )
             events = build_fork(spec, records, first_event_id)
         except ForkPointError as e:
             raise WireError(ErrorKind.INVALID, str(e), field="at") from None
         try:
-            payloads = [encode_event(e, max_bytes=loops.settings.max_record_bytes) for e in events]
+            payloads = _encoded(loops, spec, records, events, first_event_id)
         except InvalidEventError as e:
             raise WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule) from None
         except LoopwireError as e:

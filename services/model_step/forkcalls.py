@@ -4,7 +4,8 @@
 opens a permission gate (approve runs it again, deny takes the source's result). The default follows
 the tool's safety annotations: read-only → rerun, idempotent → reuse, anything else → ask. What a
 call does, the source's results and state given, is decided by ``policy.authorise`` (``fork_way``);
-this module reads the source.
+this module gives what the fork knows of its source: copied into its first record when it was
+written, or read from the source (a fork written before they were copied, or of a source at work).
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ class SourceView:
 
     results: SourceResults
     busy: bool
+
+
+def copied_view(forked: LoopForked) -> SourceView | None:
+    """The source's calls as the fork copied them when it was written: all there is when the source
+    rested then. None: read the source (a fork written before forks copied them, or of a source at
+    work then, whose calls in flight only the source will tell)."""
+    c = forked.source_calls
+    if c is None or c.busy:
+        return None
+    return SourceView(results={(x.name, x.input): x.result for x in c.calls}, busy=False)
 
 
 async def read_source(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 
+from services.model_step.forkcalls import copied_view
 from services.model_step.policy import ForkWay, fork_way
 from services.model_step.steps import may_run_calls
 from shared import events as ev
@@ -17,6 +20,7 @@ from shared.forking import (
     check_point,
     common_prefix,
     content_of,
+    source_calls,
     source_results,
     valid_points,
 )
@@ -226,3 +230,20 @@ def test_what_a_fork_does_with_a_call_its_source_made_or_may_be_making(
 ) -> None:
     got = fork_way(rule, source_result=source_result, source_busy=source_busy, rerun_safe=rerun_safe, waited=waited)
     assert got is way
+
+
+def test_a_fork_carries_its_sources_calls_after_the_point_and_reads_them_from_there() -> None:
+    h = history()
+    copied = source_calls(h, 19, busy=False)
+    fork = build_fork(dataclasses.replace(spec(19), source_calls=copied), h, ev.new_id())
+    forked = fork[0]
+    assert isinstance(forked, ev.LoopForked)
+    validate_event(forked)
+    again = msgspec.json.decode(msgspec.json.encode(forked), type=ev.LoopForked)  # as stored and read back
+    view = copied_view(again)
+    assert view is not None and not view.busy
+    assert set(view.results) == {call_key("ledger", '{"note":"b"}')}
+    assert text_of(view.results[call_key("ledger", '{"note": "b"}')]) == "b"
+    # A fork of a source at work, or one written without the copy, reads its source.
+    assert copied_view(msgspec.structs.replace(again, source_calls=source_calls(h, 19, busy=True))) is None
+    assert copied_view(msgspec.structs.replace(again, source_calls=None)) is None
