@@ -88,6 +88,7 @@ def run_service(name: str, service: Service, settings: Settings) -> int:
                     async with anyio.create_task_group() as tg:
                         await tg.start(service.run)
                         print(READY_LINE, flush=True)
+                        metrics.gauge_set(metrics.READY, 1)
                         log.info("ready")
                 watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
 

@@ -104,7 +104,7 @@ class Stack:
 
     def up(self, *extra: str) -> None:
         """Bring every service to its wanted state again (after kills, stops or a scale)."""
-        self.cmd("up", "-d", "--wait", "--wait-timeout", "240", *extra, timeout=300)
+        self.cmd("up", "-d", "--wait", "--wait-timeout", "150", *extra, timeout=300)
 
 
 @contextmanager
@@ -122,10 +122,13 @@ def running_stack(env: dict[str, str] | None = None) -> Iterator[Stack]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in values.items():
             mp.setenv(k, v)  # testcontainers' compose commands inherit the environment
-        compose = DockerCompose(ROOT, compose_file_name="compose.yaml", wait=True)
+        # wait=False, then a bounded wait: `up --wait` alone waits for ever on a service that keeps
+        # restarting without becoming healthy.
+        compose = DockerCompose(ROOT, compose_file_name="compose.yaml", wait=False)
         stack = Stack(compose, project, port)
         try:
             compose.start()
+            stack.up()
             yield stack
         finally:
             try:

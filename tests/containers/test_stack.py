@@ -18,6 +18,7 @@ from tests.syshelpers import TOOL_TURN_HISTORY, debian_program
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800)]
 
 LOOPWIRE_KINDS = ["committer", "model-step", "tool-calculator", "mcp-time"]
+METRICS = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9464/metrics').read().decode())"
 GRACE_S = 40  # compose.yaml's stop_grace_period
 
 
@@ -38,6 +39,8 @@ def test_the_image_runs_as_a_user_and_every_service_is_healthy(stack: Stack) -> 
         for c in stack.containers(kind):
             c.reload()
             assert c.attrs["State"]["Health"]["Status"] == "healthy", c.name
+            code, out = c.exec_run(["python3", "-c", METRICS])
+            assert code == 0 and b"loopwire_ready 1.0" in out, c.name  # started and serving
     assert len(stack.containers("committer")) == 2 and len(stack.containers("model-step")) == 2
 
 
