@@ -17,7 +17,9 @@ NATS_TAG=${LW_NATS_IMAGE:-loopwire-nats:2.15.1}
 COMPOSE_VERSION=2.40.3
 CACHE=${LW_IMAGE_CACHE:-/var/cache/loopwire-images}
 DOCKERD_LOG=${LW_DOCKERD_LOG:-/var/log/loopwire-dockerd.log}
-MIRROR=${LW_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive this machine's apt already uses (its first URIs/deb line), unless given.
+MIRROR=${LW_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p; s/^deb \(\[[^]]*\] \)\{0,1\}\([^ ]*\).*/\2/p' \
+  /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | grep -v security | head -n 1 || true)}
 
 step_start=0
 begin() { step_start=$(date +%s); echo "build-base: $1" >&2; }
