@@ -115,6 +115,7 @@ def run_service(name: str, service: Service | Callable[[Settings], Service], set
                             await tg.start(running.run)
                             ready = True
                             print(READY_LINE, flush=True)
+                            metrics.gauge_set(metrics.READY, 1)
                             log.info("ready")
                 watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
 

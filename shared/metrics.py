@@ -100,6 +100,8 @@ GATES_OPEN: Final = Gauge(
 WORK_PENDING: Final = Gauge(
     "loopwire_work_signals_pending", "Work signals waiting in the work stream's consumer", registry=REGISTRY
 )
+# 1 once the service serves (READY printed); what compose.yaml's health checks ask for.
+READY: Final = Gauge("loopwire_ready", "1 once the service has started and serves", registry=REGISTRY)
 LOOPS_DRIVEN: Final = Gauge("loopwire_loops_driven", "Loops this model-step replica drives now", registry=REGISTRY)
 LOOPS_WAITING: Final = Gauge(
     "loopwire_loops_waiting",

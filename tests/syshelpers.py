@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from shared.history import LoopHistory
 from shared.procs import ServiceProcess, Supervisor
 from shared.replay import load, replay
 from shared.settings import Settings
+from shared.subjects import Names
 from shared.validate import validate_event
 from shared.verify import verify_all
 
@@ -194,3 +196,13 @@ async def check_every_record_chained(nc: NATS, settings: Settings, *, loops: int
     assert report.ok, [p.line() for p in report.problems]
     assert len(report.loops) == loops
     assert all(c.records and c.chained == c.records for c in report.loops.values()), report.summary()
+
+
+def loop_ids_per_shard(names: Names, per_shard: int) -> dict[int, list[str]]:
+    """``per_shard`` new loop ids for each shard of ``names`` (random ids, kept by the shard they fall in)."""
+    out: dict[int, list[str]] = {k: [] for k in names.shard_ids}
+    while any(len(v) < per_shard for v in out.values()):
+        loop_id = str(uuid.uuid4())
+        if len(out[names.shard_of(loop_id)]) < per_shard:
+            out[names.shard_of(loop_id)].append(loop_id)
+    return out

@@ -69,7 +69,7 @@ def test_nats_cluster_nodes() -> None:
     volumes = COMPOSE["volumes"]
     for name in NATS_NODES:
         node = SERVICES[name]
-        image, _, tag = node["image"].partition(":")
+        image, _, tag = resolved(node["image"]).partition(":")  # the registry's image by default
         assert image == "nats"
         major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", tag).groups())  # type: ignore[union-attr]
         assert (major, minor) >= (2, 14), "atomic batch publish needs nats-server 2.12+; we pin 2.14+"
@@ -81,7 +81,7 @@ def test_nats_cluster_nodes() -> None:
     published = [
         p for n, svc in SERVICES.items() if "observe" not in svc.get("profiles", []) for p in svc.get("ports", [])
     ]
-    assert published == ["4222:4222"]
+    assert [resolved(p) for p in published] == ["4222:4222"]  # LW_NATS_PORT moves the host side
 
 
 def test_services_replicas_and_scaling() -> None:
@@ -130,7 +130,8 @@ def test_every_variable_set_is_one_the_code_reads() -> None:
 
 def test_dockerfile_is_one_image_running_loopwire() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert 'ENTRYPOINT ["loopwire"]' in text
     for path in ("loopwire", "shared", "services", "pyproject.toml"):
         assert re.search(rf"^COPY .*\b{path}\b", text, re.M), path

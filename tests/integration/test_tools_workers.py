@@ -7,7 +7,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from shared.content import TextBlock, ToolResultMessage
 from shared.events import Event, RawToolUse, RetryPolicy
 from shared.procs import ServiceProcess
 from shared.settings import Settings
+from tests import natsfixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -48,12 +49,13 @@ class Workers:
 
 
 @pytest.fixture
-def workers(settings: Settings, tmp_path: Path) -> Iterator[Workers]:
+async def workers(settings: Settings, tmp_path: Path) -> AsyncIterator[Workers]:
     extra = {
         "LW_HEARTBEAT_SECONDS": str(HEARTBEAT),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
     }
     deployment = Deployment.for_settings(settings, tmp_path, log_level="WARNING", env=extra)
+    await natsfixtures.create_deployment(settings)  # a worker refuses a server without one
     with deployment.sup:
         yield Workers(deployment)
 

@@ -29,9 +29,8 @@ from shared.replay import replay
 from shared.settings import Settings
 from shared.shards import META_GREW, META_SHARDS
 from shared.streams import ensure_all
-from shared.subjects import Names
 from tests import natsfixtures
-from tests.syshelpers import system, wait_history, write_script
+from tests.syshelpers import loop_ids_per_shard, system, wait_history, write_script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system]
 
@@ -60,15 +59,6 @@ def _one_line_refusal(done: subprocess.CompletedProcess[str], chosen: int, recor
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     lines = [x for x in done.stderr.splitlines() if f"LW_SHARDS={chosen}" in x]
     assert len(lines) == 1 and f"has {recorded} shard" in lines[0], done.stderr[-2000:]
-
-
-def _per_shard(names: Names, per_shard: int) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {k: [] for k in names.shard_ids}
-    while any(len(v) < per_shard for v in out.values()):
-        loop_id = str(uuid.uuid4())
-        if len(out[names.shard_of(loop_id)]) < per_shard:
-            out[names.shard_of(loop_id)].append(loop_id)
-    return out
 
 
 async def _streams(nc: NATS, prefix: str) -> set[str]:
@@ -115,7 +105,7 @@ async def test_clients_and_services_without_lw_shards_see_every_shard_of_a_three
     nc = await connect(three, name="test")
     try:
         await ensure_all(nc.jetstream(timeout=10), three, wait_seconds=60)  # a 3-shard deployment
-        ids = _per_shard(three.names, 2)
+        ids = loop_ids_per_shard(three.names, 2)
         every = sorted(x for v in ids.values() for x in v)
         with system(unset, tools=()):  # the services are told no count either
             lc = LoopClient(nc, three.names, timeout=30)
@@ -219,7 +209,7 @@ async def test_shards_grow_refuses_while_services_run_and_grows_once_they_stoppe
         lc = LoopClient(nc, three.names)
         await lc.input(old, "again")
         await wait_history(nc, three, old, lambda h: h.idle and h.turns == 2)
-        new = [x for v in _per_shard(three.names, 1).values() for x in v]
+        new = [x for v in loop_ids_per_shard(three.names, 1).values() for x in v]
         for loop_id in new:
             await lc.start(loop_id, model=chat)
             await lc.input(loop_id, "hi")

@@ -33,7 +33,7 @@ from shared.streamreads import direct_get_batch
 from shared.streams import ensure_all
 from shared.subjects import H_TIMESTAMP, Names, kv_stream
 from tests import natsfixtures
-from tests.syshelpers import system, wait_history, write_script
+from tests.syshelpers import loop_ids_per_shard, system, wait_history, write_script
 from tests.system.clusterops import restore_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system]
@@ -150,15 +150,6 @@ def _sleep_script(steps: int) -> dict[str, object]:
     return {"responses": [*([step] * steps), "slept"]}
 
 
-def _loop_ids(names: Names, per_shard: int) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {k: [] for k in names.shard_ids}
-    while any(len(v) < per_shard for v in out.values()):
-        loop_id = str(uuid.uuid4())
-        if len(out[names.shard_of(loop_id)]) < per_shard:
-            out[names.shard_of(loop_id)].append(loop_id)
-    return out
-
-
 async def _stored_at(nc: NATS, names: Names, loop_id: str) -> list[float]:
     """When each of the loop's records was stored (the server's own stamp), in order."""
     home = await shards.home_of(nc, names, loop_id)
@@ -209,7 +200,7 @@ async def test_killing_one_shard_s_leader_node_stalls_only_that_shard(
         nc = await connect(dataclasses.replace(settings, nats_urls=(others[0].url,)), name="test")
         served = dataclasses.replace(settings, nats_urls=tuple(n.url for n in others))
         model = write_script(tmp_path, _sleep_script(STEPS), "sleepy.json")
-        ids = _loop_ids(names, PER_SHARD)
+        ids = loop_ids_per_shard(names, PER_SHARD)
         with system(served, committers=2, model_steps=2, tools=("sleep",)):
             # The model-steps made each shard's work consumer: its leader joins its shard's node.
             await placement.balance(nc, names)
