@@ -105,7 +105,6 @@ def run_service(name: str, service: Service | Callable[[Settings], Service], set
             stop = anyio.CancelScope()
             async with anyio.create_task_group() as watcher:
                 watcher.start_soon(_cancel_on_signal, signals, stop, log, settings, watcher)
-                watcher.start_soon(warn_unless_synced, settings)  # one warning per server that does not sync
                 with stop:
                     async with contextlib.AsyncExitStack() as stack:
                         running = service
@@ -117,6 +116,8 @@ def run_service(name: str, service: Service | Callable[[Settings], Service], set
                             print(READY_LINE, flush=True)
                             metrics.gauge_set(metrics.READY, 1)
                             log.info("ready")
+                            # Once serving (a refusal stays one line): one warning per server that does not sync.
+                            tg.start_soon(warn_unless_synced, settings)
                 watcher.cancel_scope.cancel()  # stopped by a signal, or it ended by itself
 
     tune_gc()

@@ -128,20 +128,23 @@ async def _check_agent_tools(settings: Settings, name: str, tools: list[str] | N
     for tool in tools or ():
         if not valid_tool_name(tool):
             raise CliError(f"--tools: {tool!r} is not a tool name (1 to 64 of A-Z a-z 0-9 _ -)")
+    settings = await _deployment_checked(settings)  # the deployment first: it says what else is wrong
     async with session(settings) as nc:
         if tools:
             await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS)
         await require_policy_tools(nc, settings, policy, tools, "--policy", also=[name])
 
 
-async def _deployment_checked(settings: Settings) -> None:
-    """Raise the CLI's one-line error unless a server of ``settings`` takes a connection and holds
-    the deployment they describe (waited for a moment: ``loopwire up`` starts its committer alongside)."""
-    from services.cli.session import open_nats
+async def _deployment_checked(settings: Settings) -> Settings:
+    """``settings`` with the deployment's shard count; the CLI's one-line error unless a server of
+    ``settings`` takes a connection and holds a deployment that fits them (waited for a moment:
+    ``loopwire up`` starts its committer alongside)."""
+    from services.cli.session import deployment_settings, open_nats
     from services.lifecycle import close_quietly
     from shared.errors import LoopwireError
     from shared.streams import require_deployment
 
+    settings = await deployment_settings(settings)
     nc = await open_nats(settings, name="loopwire-console-check")
     try:
         await require_deployment(nc.jetstream(timeout=5), settings)
@@ -149,6 +152,7 @@ async def _deployment_checked(settings: Settings) -> None:
         raise CliError(str(e)) from None
     finally:
         await close_quietly(nc)
+    return settings
 
 
 def run_console(args: argparse.Namespace, settings: Settings) -> int:
