@@ -131,7 +131,13 @@ async def _check_agent_tools(settings: Settings, name: str, tools: list[str] | N
     settings = await _deployment_checked(settings)  # the deployment first: it says what else is wrong
     async with session(settings) as nc:
         if tools:
-            await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS)
+            later = await require_live_tools(nc, settings, tools, "--tools", wait=AGENT_TOOLS_WAIT_SECONDS, later=True)
+            if later:
+                print(
+                    f"warning: --tools: {', '.join(later)} not live yet: its calls fail until it serves",
+                    file=sys.stderr,
+                    flush=True,
+                )
         await require_policy_tools(nc, settings, policy, tools, "--policy", also=[name])
 
 

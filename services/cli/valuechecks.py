@@ -54,9 +54,13 @@ def close_match(name: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-async def require_live_tools(nc: NATS, settings: Settings, names: list[str], option: str, wait: float = 0) -> None:
+async def require_live_tools(
+    nc: NATS, settings: Settings, names: list[str], option: str, wait: float = 0, *, later: bool = False
+) -> list[str]:
     """Every tool ``names`` lists has a live worker (waiting up to ``wait`` seconds for the missing
-    ones): a misspelt name is an error, not a loop without the tool."""
+    ones): a misspelt name is an error, not a loop without the tool. With ``later`` a missing name
+    that is close to no live tool's is returned instead (a sub-agent may call a tool that starts
+    after it: another sub-agent calling it back, say); one close to a live tool's is still an error."""
     from services.toolcaller.registry import ToolRegistry
 
     async with ToolRegistry(nc, settings.names, replicas=settings.replicas) as registry:
@@ -65,12 +69,14 @@ async def require_live_tools(nc: NATS, settings: Settings, names: list[str], opt
                 await registry.wait_until(lambda r: all(r.get(n) is not None for n in names), timeout=wait)
         missing = [n for n in names if registry.get(n) is None]
         live = [t.name for t in registry.live()]
-    if missing:
-        known = ", ".join(live) if live else "none"
-        hint = close_match(missing[0], live)
-        raise CliError(
-            f"{option}: no live tool named {', '.join(missing)}{hint} (live: {known}; loopwire tools lists them)"
-        )
+    if not missing or (later and not any(close_match(n, live) for n in missing)):
+        return missing
+    known = ", ".join(live) if live else "none"
+    misspelt = next((n for n in missing if close_match(n, live)), missing[0])
+    raise CliError(
+        f"{option}: no live tool named {', '.join(missing)}{close_match(misspelt, live)} "
+        f"(live: {known}; loopwire tools lists them)"
+    )
 
 
 async def require_policy_tools(
