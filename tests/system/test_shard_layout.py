@@ -62,7 +62,13 @@ def _one_line_refusal(done: subprocess.CompletedProcess[str], chosen: int, recor
 
 
 async def _streams(nc: NATS, prefix: str) -> set[str]:
-    names = {s.config.name or "" for s in await nc.jetstream().streams_info()}
+    """The streams of ``prefix`` on the server, every page of the listing (the suite's shared server
+    holds many more streams than one page lists)."""
+    names: set[str] = set()
+    listed = 0
+    while page := await nc.jetstream().streams_info(offset=listed):
+        listed += len(page)
+        names |= {s.config.name or "" for s in page}
     return {n for n in names if prefix.upper() in n.upper()}
 
 
