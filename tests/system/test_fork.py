@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +79,17 @@ def ledger_runs(path: Path, tool: str) -> int:
 
 @pytest.fixture
 async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
-    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    async with ledger_stack(nats_server, tmp_path, {}) as stack:
+        yield stack
+
+
+@asynccontextmanager
+async def ledger_stack(
+    nats_server: NatsServer, tmp_path: Path, environ: dict[str, str]
+) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
+    """A committer, a model-step and the ledger tool on ``nats_server`` (settings from ``environ``):
+    the connection, the settings, a loop client and the ledger file."""
+    settings = Settings.from_env(environ, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
     ledger = tmp_path / "ledger.jsonl"
     ledger.touch()
     counts = {"committer": 1, "tools-ledger": 1, "model-step": 1}

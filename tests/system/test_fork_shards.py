@@ -16,31 +16,20 @@ from nats.aio.client import Client as NATS
 
 from shared import events as ev
 from shared.client import LoopClient
-from shared.connect import connect
 from shared.content import ToolResultMessage, text_of
 from shared.natsserver import NatsServer
 from shared.settings import Settings
-from tests import natsfixtures
 from tests.syshelpers import history, wait_history
 from tests.system.faultscript import write_model
-from tests.system.fleet import fleet
-from tests.system.test_fork import _call, finished, ledger_runs
+from tests.system.test_fork import _call, finished, ledger_runs, ledger_stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
 async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
-    settings = Settings.from_env({"LW_SHARDS": "3"}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
-    ledger = tmp_path / "ledger.jsonl"
-    ledger.touch()
-    counts = {"committer": 1, "tools-ledger": 1, "model-step": 1}
-    with fleet(settings, counts=counts, env={"LW_LEDGER": str(ledger)}, log_dir=tmp_path / "logs"):
-        nc = await connect(settings)
-        try:
-            yield nc, settings, LoopClient(nc, settings.names, timeout=15), ledger
-        finally:
-            await nc.close()
+    async with ledger_stack(nats_server, tmp_path, {"LW_SHARDS": "3"}) as stack:
+        yield stack
 
 
 def _id_in(settings: Settings, shard: int) -> str:
