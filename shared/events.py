@@ -286,7 +286,8 @@ class LoopForked(Event):
     changes: ForkChanges = msgspec.field(default_factory=ForkChanges)
     # Per tool name ("*" = every tool): what a call equal to one of the source's after the fork point does.
     reexecution: dict[PolicyKey, Reexecution] = msgspec.field(default_factory=dict)
-    # Absent in a fork written before forks copied them (or too large to copy): the source is read.
+    # Absent only in a fork written before forks copied them: the source is read (a copy too large
+    # for one record refuses the fork instead).
     source_calls: SourceCalls | None = None
 
 

@@ -148,7 +148,7 @@ def outcome_unknown(name: str) -> str:
 
 def fork_no_source_result(name: str) -> str:
     return bounded_diagnostic(
-        f"error: not run: {name} was left to the source loop of this fork, which has no result of it yet"
+        f"error: not run: {name} was left to the source loop of this fork, which had no result of it for the fork"
     )
 
 

@@ -13,12 +13,11 @@ chain continues its source's: its first record chains to the source's record at 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Final
 
 from shared.codec import encode_event
 from shared.content import AIMessage, tool_uses
-from shared.errors import ErrorKind, InvalidEventError, LoopwireError
+from shared.errors import ErrorKind, InvalidEventError, LoopwireError, RecordTooLargeError
 from shared.events import Event, ForkChanges, StepDone, now_rfc3339
 from shared.forking import ForkPointError, ForkSpec, build_fork, check_point, source_calls
 from shared.history import fold
@@ -74,19 +73,24 @@ async def _check_rules(
     tools.check("reexecution", reexecution)
 
 
-def _encoded(
-    loops: Loops, spec: ForkSpec, records: list[tuple[int, Event]], events: list[Event], first_event_id: str
-) -> list[bytes]:
-    """The fork's records as stored; source calls too large for its first record are left out (the
-    fork then reads its source when it needs them, as forks written before they were copied do)."""
+def _encoded(loops: Loops, spec: ForkSpec, events: list[Event]) -> list[bytes]:
+    """The fork's records as stored. Its first (``LoopForked``) carries the source's calls after the
+    point; too large for one record, the fork is refused: written without them, it would have to
+    read its source again."""
     limit = loops.settings.max_record_bytes
+    first, *rest = events
     try:
-        return [encode_event(e, max_bytes=limit) for e in events]
-    except InvalidEventError:
-        if spec.source_calls is None:
-            raise
-    events = build_fork(dataclasses.replace(spec, source_calls=None), records, first_event_id)
-    return [encode_event(e, max_bytes=limit) for e in events]
+        head = encode_event(first, max_bytes=limit)
+    except RecordTooLargeError as e:
+        n = len(spec.source_calls.calls) if spec.source_calls is not None else 0
+        raise WireError(
+            ErrorKind.TOO_LARGE,
+            f"the source's {n} calls after seq {spec.at} take the fork's first record to {e.size} bytes, over "
+            f"the {limit}-byte record limit (LW_MAX_RECORD_BYTES): fork at a later point",
+            event=type(first).__name__,
+            field="source_calls",
+        ) from None
+    return [head, *(encode_event(e, max_bytes=limit) for e in rest)]
 
 
 def _batches(payloads: list[bytes]) -> list[tuple[int, int]]:
@@ -147,7 +151,9 @@ async def fork(loops: Loops, loop_id: str, req: ForkRequest, first_event_id: str
         except ForkPointError as e:
             raise WireError(ErrorKind.INVALID, str(e), field="at") from None
         try:
-            payloads = _encoded(loops, spec, records, events, first_event_id)
+            payloads = _encoded(loops, spec, events)
+        except WireError:
+            raise
         except InvalidEventError as e:
             raise WireError(ErrorKind.INVALID, str(e), event=e.event, field=e.field, rule=e.rule) from None
         except LoopwireError as e:

@@ -136,8 +136,8 @@ class Drive:
         return h
 
     async def source_view(self, h: LoopHistory) -> forkcalls.SourceView:
-        """The source's calls as the fork sees them: as copied at the fork, else read from the source
-        (kept once it rests: a busy one is read again)."""
+        """The source's calls as the fork sees them: as copied at the fork (the source is then never
+        read), else read from the source (kept once it rests: a busy one is read again)."""
         found = self.source
         if found is None and h.forked is not None:
             found = self.source = forkcalls.copied_view(h.forked)

@@ -5,7 +5,8 @@ opens a permission gate (approve runs it again, deny takes the source's result).
 the tool's safety annotations: read-only → rerun, idempotent → reuse, anything else → ask. What a
 call does, the source's results and state given, is decided by ``policy.authorise`` (``fork_way``);
 this module gives what the fork knows of its source: copied into its first record when it was
-written, or read from the source (a fork written before they were copied, or of a source at work).
+written (then the fork never reads its source: a call the source may have been running then is one
+of unknown outcome), or read from the source (a fork written before forks copied them).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from shared.wiretypes import Reexecution
 REUSE: Final[Reexecution] = "reuse"
 RERUN: Final[Reexecution] = "rerun"
 ASK: Final[Reexecution] = "ask"
-# How long a fork waits for a busy source to commit an equal call (or come to rest) before it asks.
+# How long a fork that reads its source (one written before forks copied its calls) waits for a busy
+# source to commit an equal call (or come to rest) before it asks.
 SOURCE_WAIT_SECONDS: Final = 30.0
 
 SourceResults = dict[tuple[str, str], ToolResultMessage]
@@ -51,20 +53,22 @@ def reexecution_for(forked: LoopForked, tool_name: str, spec: ToolSpec | None) -
 @dataclass(frozen=True, slots=True)
 class SourceView:
     """What a fork knows of its source's calls after the fork point: their committed results, and
-    whether the source may be running calls right now (``busy``: their outcome is not known yet)."""
+    whether the source may be running calls (``busy``: their outcome is not known yet). ``copied``:
+    as the fork copied them when it was written; it never learns more (nothing to wait for)."""
 
     results: SourceResults
     busy: bool
+    copied: bool = False
 
 
 def copied_view(forked: LoopForked) -> SourceView | None:
-    """The source's calls as the fork copied them when it was written: all there is when the source
-    rested then. None: read the source (a fork written before forks copied them, or of a source at
-    work then, whose calls in flight only the source will tell)."""
+    """The source's calls as the fork copied them when it was written: all the fork ever knows of
+    them (a source at work then may have been running calls: their outcome stays unknown). None:
+    read the source (a fork written before forks copied them)."""
     c = forked.source_calls
-    if c is None or c.busy:
+    if c is None:
         return None
-    return SourceView(results={(x.name, x.input): x.result for x in c.calls}, busy=False)
+    return SourceView(results={(x.name, x.input): x.result for x in c.calls}, busy=c.busy, copied=True)
 
 
 async def read_source(

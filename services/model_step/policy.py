@@ -114,7 +114,9 @@ class Authorisation(Enum):
 @dataclass(frozen=True, slots=True)
 class SourceFacts:
     """What a fork's source did after the fork point: committed a result of an equal call
-    (``result``), may be running calls right now (``busy``), was given time to commit it (``waited``)."""
+    (``result``), may be running calls (``busy``), and whether waiting can tell more (``waited``:
+    the source was given time to commit it, or the fork copied its calls when written and never
+    reads it)."""
 
     result: bool
     busy: bool
@@ -259,12 +261,14 @@ def fork_way(rule: Reexecution, *, source_result: bool, source_busy: bool, rerun
     ``rule``: the fork's re-execution rule for the tool (reuse, rerun or ask); ``source_result``: the
     source committed the result of an equal call; ``source_busy``: the source may be running calls
     whose results it has not committed (it neither rests nor waits at a gate); ``rerun_safe``: the
-    tool is read-only or idempotent; ``waited``: the source was given time to commit the call.
+    tool is read-only or idempotent; ``waited``: nothing more is to be learnt of the source (it was
+    given time to commit the call, or the fork copied its calls when written and never reads it).
 
     A call the source may be running is treated as one whose outcome is unknown, as in a step that
     runs again: a read-only or idempotent tool runs (twice is harmless); any other is never run
-    unasked — the source is given time to commit it, then the rule decides with its result, or, still
-    without one, an operator is asked.
+    unasked — an operator is asked at once by a fork that copied its source's calls; a fork that
+    reads its source (written before forks copied them) first gives it time to commit the call,
+    then the rule decides with its result, or, still without one, an operator is asked.
     """
     if source_result:
         return ForkWay(rule)

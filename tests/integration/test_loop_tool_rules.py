@@ -12,9 +12,9 @@ from nats.aio.client import Client as NATS
 from services.toolwire.bucket import ensure_tools_bucket, registration_key
 from services.toolwire.spec import Registration, ToolSpec
 from shared.client import CommitClient, LoopClient
-from shared.content import user_text
-from shared.events import TurnDone, TurnStarted, make
-from shared.protocol import ApiReply, InvalidRequestError, StartRequest, encode
+from shared.content import AIMessage, ToolUseBlock, tool_result, user_text
+from shared.events import StepDone, TurnDone, TurnStarted, make
+from shared.protocol import ApiReply, InvalidRequestError, StartRequest, TooLargeError, encode
 from shared.replay import replay
 from shared.settings import Settings
 from tests.integration.committer_fixtures import input_submitted, loop_started, new_id, running_committer, step
@@ -125,3 +125,44 @@ async def test_a_fork_may_name_a_tool_its_source_called_though_none_is_live(comm
         await api.fork(source, at=2, reexecution={"calk": "reuse"})
     assert err.value.body.message == "reexecution: 'calk' is not a tool of the loop (did you mean calc?)"
     assert (await api.fork(source, at=2, reexecution={"calc": "reuse"}, policy={"calc": "ask"})).seq > 0
+
+
+def _big_call(loop_id: str, turn_id: str, n: int, size: int) -> StepDone:
+    """A step calling "calc" with arguments ``{"n": n}`` whose result is ``size`` bytes of text."""
+    call = ToolUseBlock(id=f"call_{n}", name="calc", input=msgspec.Raw(b'{"n":%d}' % n))
+    ai = AIMessage(blocks=[call])
+    return make(
+        StepDone, loop_id=loop_id, turn_id=turn_id, step_id=new_id(), messages=[ai, tool_result(call.id, "x" * size)]
+    )
+
+
+async def test_a_fork_whose_copy_of_its_sources_calls_does_not_fit_one_record_is_refused(
+    committer: Settings, nc: NATS
+) -> None:
+    """The source's calls after the point go into the fork's first record; too large for one record,
+    the fork is refused (nothing written) rather than written without them."""
+    source, t = new_id(), new_id()
+    head = [
+        loop_started(source),
+        input_submitted(source, "use calc"),
+        make(TurnStarted, loop_id=source, turn_id=t, turn_index=1, message=user_text("use calc")),
+    ]
+    commits = CommitClient(nc, committer.names, T)
+    seq = (await commits.commit(source, 0, head)).last_seq
+    size = committer.max_record_bytes * 2 // 5  # each record fits; three results after the point do not
+    for n in range(3):
+        seq = (await commits.commit(source, seq, [_big_call(source, t, n, size)])).last_seq
+    seq = (
+        await commits.commit(
+            source, seq, [step(source, t, "done"), make(TurnDone, loop_id=source, turn_id=t, turn_index=1)]
+        )
+    ).last_seq
+    api = LoopClient(nc, committer.names, T)
+    fork_id = new_id()
+    with pytest.raises(TooLargeError) as err:
+        await api.fork(source, at=2, loop_id=fork_id)
+    assert (err.value.body.kind, err.value.body.field) == ("too_large", "source_calls")
+    assert "3 calls" in err.value.body.message and "fork at a later point" in err.value.body.message
+    assert await _records(nc, committer, fork_id) == []  # nothing written
+    # From a point after the large calls the fork has nothing to copy: it is written.
+    assert (await api.fork(source, loop_id=fork_id)).loop_id == fork_id

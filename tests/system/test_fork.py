@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 
 from services.deployment import Deployment, console_command
 from shared import events as ev
+from shared import shaping
 from shared.client import CommitClient, LoopClient
 from shared.connect import connect
 from shared.content import AIMessage, TextBlock, ToolResultMessage, UserMessage, text_of
@@ -79,17 +80,17 @@ def ledger_runs(path: Path, tool: str) -> int:
 
 @pytest.fixture
 async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
-    async with ledger_stack(nats_server, tmp_path, {}) as stack:
+    async with ledger_stack((nats_server.url,), tmp_path, {}) as stack:
         yield stack
 
 
 @asynccontextmanager
 async def ledger_stack(
-    nats_server: NatsServer, tmp_path: Path, environ: dict[str, str]
+    urls: tuple[str, ...], tmp_path: Path, environ: dict[str, str]
 ) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
-    """A committer, a model-step and the ledger tool on ``nats_server`` (settings from ``environ``):
-    the connection, the settings, a loop client and the ledger file."""
-    settings = Settings.from_env(environ, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    """A committer, a model-step and the ledger tool connected to the servers at ``urls`` (settings
+    from ``environ``): the connection, the settings, a loop client and the ledger file."""
+    settings = Settings.from_env(environ, nats_urls=urls, prefix=natsfixtures.unique_prefix())
     ledger = tmp_path / "ledger.jsonl"
     ledger.touch()
     counts = {"committer": 1, "tools-ledger": 1, "model-step": 1}
@@ -472,8 +473,8 @@ async def test_a_fork_never_runs_again_unasked_a_call_its_source_is_running(
             await anyio.sleep(0.05)
     await anyio.sleep(1)
     fork = (await api.fork(source)).loop_id  # from the input: the source's step is not committed yet
-    # The fork meets the same call while the source runs it: it waits for the source's result,
-    # then asks (a destructive tool may not run twice), never runs it on its own.
+    # The fork meets the same call while the source runs it: it asks at once (a destructive tool
+    # may not run twice; the fork knows only what it copied of its source), never runs it on its own.
     h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=60)
     gate = h.open_gates[0].gate
     assert gate.reason == "fork_rerun" and gate.tool_name == tool
@@ -483,7 +484,8 @@ async def test_a_fork_never_runs_again_unasked_a_call_its_source_is_running(
     await api.answer(fork, gate.id, answer)
     h = await wait_history(nc, settings, fork, finished, timeout=60)
     assert ledger_runs(ledger, tool) == (2 if answer == "approve" else 1)
-    assert results_of(h) == ["recorded x"]
+    # Denied: the fork copied no result of the call (it was in flight), so none is taken.
+    assert results_of(h) == ["recorded x" if answer == "approve" else shaping.fork_no_source_result(tool)]
     check_history_invariants(await history(nc, settings, fork))
 
 

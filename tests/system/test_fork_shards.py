@@ -1,34 +1,41 @@
 """A fork in another shard than its source's does not depend on the source's shard once written.
 
 The fork's first record carries what its source had done after the fork point, so its later steps
-(and the re-execution decisions they take) complete with the source's stream gone. One nats-server,
-three shards; every service its own process; checked from the stored records and the ledger.
+(and the re-execution decisions they take) complete with the source's stream gone, or its leader
+killed. Three shards; every service its own process; checked from the stored records, the ledger
+and the JetStream API requests seen on the wire.
 """
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from shared import events as ev
+from shared import placement
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
-from shared.natsserver import NatsServer
+from shared.natsserver import NatsCluster, NatsServer
 from shared.settings import Settings
 from tests.syshelpers import history, wait_history
+from tests.system.clusterops import restore_cluster
 from tests.system.faultscript import write_model
-from tests.system.test_fork import _call, finished, ledger_runs, ledger_stack
+from tests.system.test_fork import _call, finished, held_call, ledger_runs, ledger_stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
 async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[NATS, Settings, LoopClient, Path]]:
-    async with ledger_stack(nats_server, tmp_path, {"LW_SHARDS": "3"}) as stack:
+    async with ledger_stack((nats_server.url,), tmp_path, {"LW_SHARDS": "3"}) as stack:
         yield stack
 
 
@@ -63,3 +70,79 @@ async def test_a_fork_takes_its_sources_results_with_the_sources_shard_gone(
     assert ledger_runs(ledger, "ledger") == 1
     assert [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)] == ["recorded x"]
     assert text_of(h.messages[-1]) == "two done"
+
+
+# A fork's turn meeting a call its (busy) source may be running asks at once: well under the
+# source's shard's leader election (seconds) and the old wait for the source (up to 30 s).
+GATE_BOUND_SECONDS = 5.0
+
+
+async def _lead_only(nc: NATS, settings: Settings, shard: int, node: str, other: str) -> None:
+    """``node`` leads ``shard``'s streams and nothing else (streams and consumers it led go to ``other``)."""
+    own = {stream for _, _, stream in placement.shard_streams(settings.names, shard)}
+    js = nc.jetstream(timeout=5)
+    for info in await js.streams_info():
+        name = info.config.name
+        leader = info.cluster.leader if info.cluster is not None else None
+        if name in own and leader != node:
+            await placement.step_down(nc, name, node)
+        elif name not in own and leader == node:
+            await placement.step_down(nc, name, other)
+        for c in await js.consumers_info(name):
+            c_leader = c.cluster.leader if c.cluster is not None else None
+            if c_leader == node and name not in own:
+                await placement.step_down(nc, name, other, consumer=c.name)
+
+
+async def test_a_fork_of_a_busy_source_asks_at_once_with_the_sources_leader_killed(
+    nats_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """A busy shard-1 source (a call that may not run twice in flight) forked into shard 2: with shard
+    1's leader node killed, the fork's equal call opens its fork_rerun gate at once, and no request
+    for the source's stream is made after the fork was written."""
+    meta = await anyio.to_thread.run_sync(nats_cluster.wait_meta_leader)
+    a, other = (next(n for n in nats_cluster.nodes if n.name != meta), nats_cluster.node(meta))
+    # Every process connects to the other two nodes: stopping ``a`` stops only what it leads.
+    urls = tuple(n.url for n in nats_cluster.nodes if n is not a)
+    environ = {"LW_SHARDS": "3", "LW_REPLICAS": "3"}
+    try:
+        async with ledger_stack(urls, tmp_path, environ) as (nc, settings, api, ledger):
+            model = write_model(tmp_path, {"responses": ["one done", held_call("ledger", 50.0), "two done"]}, "m.json")
+            source = (await api.start(_id_in(settings, 1), model=model)).loop_id
+            await api.input(source, "one")
+            await wait_history(nc, settings, source, lambda h: finished(h) and h.turns == 1, timeout=60)
+            at = max(s for s, e in await history(nc, settings, source) if isinstance(e, ev.TurnDone))
+            await api.input(source, "two")
+            with anyio.fail_after(30):  # the source's call has started on its worker and holds for 50 s
+                while ledger_runs(ledger, "ledger") < 1:
+                    await anyio.sleep(0.05)
+            fork = (await api.fork(source, at=at, loop_id=_id_in(settings, 2))).loop_id
+            first = (await history(nc, settings, fork))[0][1]
+            assert isinstance(first, ev.LoopForked) and first.source_calls is not None
+            assert first.source_calls.busy and first.source_calls.calls == []
+
+            await _lead_only(nc, settings, 1, a.name, other.name)
+            source_stream = settings.names.history_stream_of(1)
+            requests: list[str] = []
+
+            async def seen(msg: Msg) -> None:
+                if source_stream in msg.subject:
+                    requests.append(msg.subject)
+
+            sub = await nc.subscribe("$JS.API.>", cb=seen)
+            # Killed, not stopped: a stopped node keeps its routes, and the reads any replica serves
+            # (direct gets) of every stream it follows would stall with it.
+            a.signal(signal.SIGKILL)  # the source's shard loses its leader
+            t0 = time.monotonic()
+            await api.input(fork, "two")
+            h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=90)
+            took = time.monotonic() - t0
+            await sub.unsubscribe()
+            gate = h.open_gates[0].gate
+            print(f"fork gate after {took:.2f}s (bound {GATE_BOUND_SECONDS}s); {len(requests)} source stream requests")
+            assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+            assert took < GATE_BOUND_SECONDS
+            assert requests == [], requests[:5]  # the fork never read its source
+            assert ledger_runs(ledger, "ledger") == 1  # nothing ran in the fork unasked
+    finally:
+        await anyio.to_thread.run_sync(restore_cluster, nats_cluster)
