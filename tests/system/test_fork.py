@@ -91,6 +91,8 @@ async def ledger_stack(
     """A committer, a model-step and the ledger tool connected to the servers at ``urls`` (settings
     from ``environ``): the connection, the settings, a loop client and the ledger file."""
     settings = Settings.from_env(environ, nats_urls=urls, prefix=natsfixtures.unique_prefix())
+    # Created first: services started at once on a cluster could look for a bucket not created yet.
+    await natsfixtures.create_deployment(settings)
     ledger = tmp_path / "ledger.jsonl"
     ledger.touch()
     counts = {"committer": 1, "tools-ledger": 1, "model-step": 1}

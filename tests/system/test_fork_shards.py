@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared import events as ev
-from shared import placement
+from shared import placement, shaping
 from shared.client import LoopClient
 from shared.content import ToolResultMessage, text_of
 from shared.natsserver import NatsCluster, NatsServer
@@ -72,9 +72,10 @@ async def test_a_fork_takes_its_sources_results_with_the_sources_shard_gone(
     assert text_of(h.messages[-1]) == "two done"
 
 
-# A fork's turn meeting a call its (busy) source may be running asks at once: well under the
-# source's shard's leader election (seconds) and the old wait for the source (up to 30 s).
-GATE_BOUND_SECONDS = 5.0
+# A fork's turn meeting a call its (busy) source may be running asks at once, and ends once the gate
+# is answered: well under the source's shard's leader election (seconds) and the wait for the
+# source a fork that reads it makes (up to 30 s).
+TURN_BOUND_SECONDS = 5.0
 
 
 async def _lead_only(nc: NATS, settings: Settings, shard: int, node: str, other: str) -> None:
@@ -82,15 +83,16 @@ async def _lead_only(nc: NATS, settings: Settings, shard: int, node: str, other:
     own = {stream for _, _, stream in placement.shard_streams(settings.names, shard)}
     js = nc.jetstream(timeout=5)
     for info in await js.streams_info():
-        name = info.config.name
+        name = info.config.name or ""
         leader = info.cluster.leader if info.cluster is not None else None
         if name in own and leader != node:
             await placement.step_down(nc, name, node)
         elif name not in own and leader == node:
             await placement.step_down(nc, name, other)
         for c in await js.consumers_info(name):
-            c_leader = c.cluster.leader if c.cluster is not None else None
-            if c_leader == node and name not in own:
+            # (an R1 consumer, e.g. a bucket watcher, has no other server: its owner re-creates it)
+            cl = c.cluster
+            if cl is not None and cl.replicas and cl.leader == node and name not in own:
                 await placement.step_down(nc, name, other, consumer=c.name)
 
 
@@ -98,15 +100,17 @@ async def test_a_fork_of_a_busy_source_asks_at_once_with_the_sources_leader_kill
     nats_cluster: NatsCluster, tmp_path: Path
 ) -> None:
     """A busy shard-1 source (a call that may not run twice in flight) forked into shard 2: with shard
-    1's leader node killed, the fork's equal call opens its fork_rerun gate at once, and no request
-    for the source's stream is made after the fork was written."""
+    1's leader node killed, the fork's equal call opens its fork_rerun gate at once, its turn ends
+    once the gate is denied, and no request for the source's stream is made meanwhile."""
     meta = await anyio.to_thread.run_sync(nats_cluster.wait_meta_leader)
     a, other = (next(n for n in nats_cluster.nodes if n.name != meta), nats_cluster.node(meta))
-    # Every process connects to the other two nodes: stopping ``a`` stops only what it leads.
+    # Every process connects to the other two nodes: killing ``a`` stops only what it leads.
     urls = tuple(n.url for n in nats_cluster.nodes if n is not a)
     environ = {"LW_SHARDS": "3", "LW_REPLICAS": "3"}
     try:
         async with ledger_stack(urls, tmp_path, environ) as (nc, settings, api, ledger):
+            # Before any loop: a pull waiting on a consumer's old leader is lost with the move.
+            await _lead_only(nc, settings, 1, a.name, other.name)
             model = write_model(tmp_path, {"responses": ["one done", held_call("ledger", 50.0), "two done"]}, "m.json")
             source = (await api.start(_id_in(settings, 1), model=model)).loop_id
             await api.input(source, "one")
@@ -120,29 +124,42 @@ async def test_a_fork_of_a_busy_source_asks_at_once_with_the_sources_leader_kill
             first = (await history(nc, settings, fork))[0][1]
             assert isinstance(first, ev.LoopForked) and first.source_calls is not None
             assert first.source_calls.busy and first.source_calls.calls == []
+            await wait_history(nc, settings, fork, finished, timeout=30)  # shard 2 is served
 
-            await _lead_only(nc, settings, 1, a.name, other.name)
             source_stream = settings.names.history_stream_of(1)
             requests: list[str] = []
 
             async def seen(msg: Msg) -> None:
                 if source_stream in msg.subject:
-                    requests.append(msg.subject)
+                    requests.append(f"{time.monotonic() - t0:.2f} {msg.subject} {msg.reply} {msg.data[:200]!r}")
 
+            t0 = time.monotonic()
+            # Every JetStream API request (a read of the source's stream names it) as it crosses the server.
             sub = await nc.subscribe("$JS.API.>", cb=seen)
             # Killed, not stopped: a stopped node keeps its routes, and the reads any replica serves
             # (direct gets) of every stream it follows would stall with it.
             a.signal(signal.SIGKILL)  # the source's shard loses its leader
-            t0 = time.monotonic()
             await api.input(fork, "two")
             h = await wait_history(nc, settings, fork, lambda h: bool(h.open_gates), timeout=90)
+            to_gate = time.monotonic() - t0
+            gate = h.open_gates[0].gate
+            assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+            # Denied: the fork has no result of the source's to take (the call was in flight when it
+            # was copied), and says so without asking the source.
+            await api.answer(fork, gate.id, "deny")
+            h = await wait_history(nc, settings, fork, lambda h: finished(h) and h.turns == 2, timeout=90)
             took = time.monotonic() - t0
             await sub.unsubscribe()
-            gate = h.open_gates[0].gate
-            print(f"fork gate after {took:.2f}s (bound {GATE_BOUND_SECONDS}s); {len(requests)} source stream requests")
-            assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
-            assert took < GATE_BOUND_SECONDS
+            print(
+                f"fork gate after {to_gate:.2f}s, turn done after {took:.2f}s (bound {TURN_BOUND_SECONDS}s); "
+                f"{len(requests)} requests on the source's stream"
+            )
+            assert took < TURN_BOUND_SECONDS
             assert requests == [], requests[:5]  # the fork never read its source
-            assert ledger_runs(ledger, "ledger") == 1  # nothing ran in the fork unasked
+            assert ledger_runs(ledger, "ledger") == 1  # nothing ran in the fork
+            assert [text_of(m) for m in h.messages if isinstance(m, ToolResultMessage)] == [
+                shaping.fork_no_source_result("ledger")
+            ]
+            assert text_of(h.messages[-1]) == "two done"
     finally:
         await anyio.to_thread.run_sync(restore_cluster, nats_cluster)
