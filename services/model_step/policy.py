@@ -114,13 +114,14 @@ class Authorisation(Enum):
 @dataclass(frozen=True, slots=True)
 class SourceFacts:
     """What a fork's source did after the fork point: committed a result of an equal call
-    (``result``), may be running calls (``busy``), and whether waiting can tell more (``waited``:
-    the source was given time to commit it, or the fork copied its calls when written and never
-    reads it)."""
+    (``result``), may be running calls (``busy``), was given time to commit it (``waited``). ``copied``:
+    as the fork copied them when it was written; it never reads its source, so there is nothing to
+    wait for."""
 
     result: bool
     busy: bool
     waited: bool = False
+    copied: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +201,8 @@ def _fork(c: CallFacts) -> Authorisation | None:
     if c.source is None:
         return Authorisation.READ_SOURCE
     s = c.source
-    match fork_way(c.fork_rule, source_result=s.result, source_busy=s.busy, rerun_safe=c.rerun_safe, waited=s.waited):
+    waited = s.waited or s.copied  # a copy tells all the fork will know: waiting would learn nothing
+    match fork_way(c.fork_rule, source_result=s.result, source_busy=s.busy, rerun_safe=c.rerun_safe, waited=waited):
         case ForkWay.WAIT:
             return Authorisation.WAIT_FOR_SOURCE
         case ForkWay.ASK:

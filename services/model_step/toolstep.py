@@ -140,11 +140,9 @@ async def _authorise(
             case _:
                 return way, view
         outcome = forkcalls.recorded_outcome(view.results, call.name, call.input)
-        # A copied view is all the fork will know: waiting would learn nothing (ask at once).
-        waited = (
-            view.copied or way is Authorisation.WAIT_FOR_SOURCE or (facts.source is not None and facts.source.waited)
-        )
-        facts = replace(facts, source=SourceFacts(result=outcome is not None, busy=view.busy, waited=waited))
+        waited = way is Authorisation.WAIT_FOR_SOURCE or (facts.source is not None and facts.source.waited)
+        source = SourceFacts(result=outcome is not None, busy=view.busy, waited=waited, copied=view.copied)
+        facts = replace(facts, source=source)
 
 
 def _act(

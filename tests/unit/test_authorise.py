@@ -21,6 +21,7 @@ RESTS_WITHOUT = SourceFacts(result=False, busy=False)  # the source rests and ne
 HAS_RESULT = SourceFacts(result=True, busy=False)
 BUSY = SourceFacts(result=False, busy=True)
 BUSY_WAITED = SourceFacts(result=False, busy=True, waited=True)
+BUSY_COPIED = SourceFacts(result=False, busy=True, copied=True)  # busy when the fork copied its calls
 
 
 @pytest.mark.parametrize(
@@ -118,6 +119,10 @@ def test_a_rerun_step_reuses_finished_calls_and_never_repeats_an_unknown_outcome
         (CallFacts(fork_rule="reuse", source=BUSY), A.WAIT_FOR_SOURCE),
         (CallFacts(fork_rule="reuse", source=BUSY_WAITED), A.ASK_FORK_RUNNING),
         (CallFacts(fork_rule="reuse", source=SourceFacts(result=True, busy=True, waited=True)), A.REUSE_SOURCE),
+        # ... as the fork copied it: nothing to wait for (the source is never read), it asks at once.
+        (CallFacts(fork_rule="reuse", source=BUSY_COPIED), A.ASK_FORK_RUNNING),
+        (CallFacts(fork_rule="rerun", source=BUSY_COPIED, rerun_safe=True), A.ALLOW_NO_POLICY),
+        (CallFacts(fork_rule="reuse", source=SourceFacts(result=True, busy=True, copied=True)), A.REUSE_SOURCE),
         # Approved at a gate the fork copied open: the rule still decides a repeated call.
         (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED), A.READ_SOURCE),
         (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED, source=HAS_RESULT), A.ASK_FORK),
@@ -125,11 +130,13 @@ def test_a_rerun_step_reuses_finished_calls_and_never_repeats_an_unknown_outcome
         (CallFacts(fork_rule="rerun", decided=COPIED_GATE_APPROVED, source=HAS_RESULT), A.KEEP_DECIDED),
         (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED, source=RESTS_WITHOUT), A.KEEP_DECIDED),
         (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED, source=BUSY), A.WAIT_FOR_SOURCE),
+        (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED, source=BUSY_COPIED), A.ASK_FORK_RUNNING),
         (CallFacts(fork_rule="ask", decided=COPIED_GATE_APPROVED, invalid=True), A.KEEP_DECIDED),
         # Denied at a fork_rerun gate: the source's result, if it has one.
         (CallFacts(fork_rule="ask", decided=FORK_REUSED), A.READ_SOURCE),
         (CallFacts(fork_rule="ask", decided=FORK_REUSED, source=HAS_RESULT), A.KEEP_SOURCE_RESULT),
         (CallFacts(fork_rule="ask", decided=FORK_REUSED, source=BUSY), A.DENY_NO_SOURCE_RESULT),
+        (CallFacts(fork_rule="ask", decided=FORK_REUSED, source=BUSY_COPIED), A.DENY_NO_SOURCE_RESULT),
         # Any other answer stands without reading the source.
         (CallFacts(fork_rule="ask", decided="gate_approved"), A.KEEP_DECIDED),
     ],
@@ -145,16 +152,21 @@ def test_a_rerun_step_reuses_finished_calls_and_never_repeats_an_unknown_outcome
         "busy-wait",
         "busy-after-waiting",
         "committed-while-waiting",
+        "copied-busy-asks-at-once",
+        "copied-busy-rerun-safe",
+        "copied-busy-committed",
         "copied-read-first",
         "copied-ask",
         "copied-reuse",
         "copied-rerun",
         "copied-rests",
         "copied-busy",
+        "copied-gate-busy-copy",
         "copied-invalid",
         "denied-read-first",
         "denied-takes-result",
         "denied-no-result",
+        "denied-no-copied-result",
         "answered",
     ],
 )
