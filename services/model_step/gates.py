@@ -30,7 +30,7 @@ from shared.wiretypes import DecisionEffect, GateReason
 OUTCOME_UNKNOWN_SUMMARY: Final = "outcome unknown (may have run already), run again? "
 FORK_RERUN_SUMMARY: Final = "forked: the source made this call; approve runs it again, deny reuses its result: "
 FORK_RUNNING_SUMMARY: Final = (
-    "forked: the source may be running this call now; approve runs it here too, deny takes the source's result: "
+    "forked: the source may be running this call now; approve runs it here too, deny leaves it to the source: "
 )
 # The gate reason and summary prefix of each permission gate a call's authorisation opens.
 _PERMISSION_GATES: Final[dict[Authorisation, tuple[GateReason, str]]] = {

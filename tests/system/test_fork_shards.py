@@ -19,6 +19,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from services.model_step.gates import FORK_RUNNING_SUMMARY
 from shared import events as ev
 from shared import placement, shaping
 from shared.client import LoopClient
@@ -144,6 +145,8 @@ async def test_a_fork_of_a_busy_source_asks_at_once_with_the_sources_leader_kill
             to_gate = time.monotonic() - t0
             gate = h.open_gates[0].gate
             assert gate.reason == "fork_rerun" and gate.tool_name == "ledger"
+            asked = [e for _, e in await history(nc, settings, fork) if isinstance(e, ev.PermissionRequested)]
+            assert [e.request.summary.startswith(FORK_RUNNING_SUMMARY) for e in asked] == [True]  # may be running
             # Denied: the fork has no result of the source's to take (the call was in flight when it
             # was copied), and says so without asking the source.
             await api.answer(fork, gate.id, "deny")
