@@ -27,7 +27,7 @@ from shared.client import LoopClient
 from shared.connect import connect
 from shared.settings import Settings
 from shared.turns import TurnOutcome, wait_for_turn
-from tests.syshelpers import check_history_invariants, history
+from tests.syshelpers import check_history_invariants, history, wait_history
 from tests.system.faultchecks import turn_violations
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -174,12 +174,14 @@ async def finish_turns(stack: Stack, turns: Sequence[tuple[str, str, int]], time
 
 
 async def check_histories(stack: Stack, loop_ids: Sequence[str]) -> dict[str, list[str]]:
-    """Every loop's stored records: valid, unique, in order, every turn whole; each loop's types."""
+    """Every loop's stored records once it is idle: valid, unique, in order, every turn whole; each
+    loop's types. (The turn's end and LoopIdle are separate commits: a turn seen ended may not be idle yet.)"""
     settings = stack.settings()
     nc = await connect(settings)
     kinds: dict[str, list[str]] = {}
     try:
         for loop_id in loop_ids:
+            await wait_history(nc, settings, loop_id, lambda h: h.idle, timeout=60)
             events = await history(nc, settings, loop_id)
             check_history_invariants(events)
             assert turn_violations(events) == [], loop_id
