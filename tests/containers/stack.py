@@ -106,8 +106,8 @@ class Stack:
         """``down --volumes``: every container, volume and network of the project removed.
 
         Debian's engine (20.10) now and then keeps a removed container's endpoint on the project's
-        network until dockerd restarts, and refuses to remove the network: with every container and
-        volume gone, that network alone is left behind with a warning (nothing of the stack runs).
+        network and refuses to remove it: with every container and volume gone, the network is
+        pruned instead, or else left behind with a warning (nothing of the stack runs).
         """
         full = [*self.compose.docker_compose_command(), "down", "--volumes", "--timeout", "45"]
         proc = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -115,7 +115,10 @@ class Stack:
             return
         stuck = "has active endpoints" in proc.stderr and not self.all_containers()
         assert stuck, f"{' '.join(full)}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        print(f"warning: the engine keeps network {self.project}_default (a stale endpoint); left behind")
+        label = f"label=com.docker.compose.project={self.project}"
+        subprocess.run(["docker", "network", "prune", "-f", "--filter", label], capture_output=True, timeout=60)
+        left = docker.from_env().networks.list(filters={"label": f"com.docker.compose.project={self.project}"})
+        print(f"warning: a stale endpoint on {self.project}_default; {'left behind' if left else 'pruned'}")
 
     def all_containers(self) -> list[docker.models.containers.Container]:
         client = docker.from_env()
