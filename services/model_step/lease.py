@@ -18,7 +18,9 @@ Takeover is eager: each replica answers on its own liveness subject
 NATS connection is gone, e.g. SIGKILL) is taken at once with a compare-and-set on the holder's
 revision, without waiting for the TTL. A stopped or slow holder still answers nothing in time, so
 its keys are taken only when they expire — by then it has stopped acting on them. A replica that
-loses its NATS connection gives up all its leases at once (another replica may take them now).
+loses its NATS connection gives up all its leases at once (another replica may take them now) and
+answers under a new token from then on: its connection comes back within a second, often before
+another replica asks, and the keys it gave up would otherwise look held until they expire.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ log = logging.getLogger("loopwire.model_step.lease")
 PING_SECONDS: Final = 0.5
 # The holder's own view of its lease ends this much before the key can expire on the server.
 SAFETY_SECONDS: Final = 0.05
+# Why every lease is given up when the connection drops (Lease.why).
+CONNECTION_LOST: Final = "given up: the NATS connection was lost"
 
 
 class LeaseLost(LoopwireError):
@@ -84,6 +88,7 @@ class Lease:
     ttl: float
     valid_until: float  # monotonic
     lost: bool = False
+    why: str = ""  # given up: why (e.g. CONNECTION_LOST)
     # The value of the holder this lease was taken over from (its process or connection was gone).
     taken_from: bytes = b""
     _on_lost: list[Callable[[], None]] = field(default_factory=list)
@@ -107,7 +112,7 @@ class Lease:
     def give_up(self, why: str) -> None:
         if self.lost:
             return
-        self.lost = True
+        self.lost, self.why = True, why
         log.warning("lease of loop %s %s", self.key, why, extra={"loop_id": self.key})
         for fn in self._on_lost:
             fn()
@@ -146,14 +151,37 @@ class Leases:
         self.buckets = dict(buckets)  # the leases bucket of each shard served
         self.names = names
         self.ttl = ttl
-        self.token = uuid.uuid4().hex
-        # The value names the holder: its liveness token, then host:pid for people.
-        self.value = f"{self.token} {socket.gethostname()}:{os.getpid()}".encode()
+        self._who = f"{socket.gethostname()}:{os.getpid()}"
+        self.token, self.value = self._new_token()
         self._held: set[Lease] = set()
         self._sub: Subscription | None = None
 
+    def _new_token(self) -> tuple[str, bytes]:
+        token = uuid.uuid4().hex
+        # The value names the holder: its liveness token, then host:pid for people.
+        return token, f"{token} {self._who}".encode()
+
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.names.lease_holder(self.token), cb=self._answer)
+
+    async def connection_lost(self) -> None:
+        """The connection dropped (nats-py is about to reconnect): give up every lease, and answer
+        under a new token, so the keys given up are taken at once by whoever asks next, this
+        replica included.
+
+        Called before the reconnect: the old subscription leaves without being sent again, the new
+        one reaches the server before any request made from now on (nats-py sends the
+        subscriptions first)."""
+        self.give_up_all(CONNECTION_LOST)
+        old = self._sub
+        if old is None:
+            return  # not started, or stopped
+        self.token, self.value = self._new_token()
+        with contextlib.suppress(Exception):
+            await old.unsubscribe()
+        self._sub = None
+        with contextlib.suppress(Exception):  # closed or draining: the service is stopping
+            self._sub = await self.nc.subscribe(self.names.lease_holder(self.token), cb=self._answer)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -179,14 +207,21 @@ class Leases:
         """The loop's lease, or None while another live replica (or another drive here) holds it."""
         kv = self.bucket_of(loop_id)
         sent = time.monotonic()
-        taken = await self._create(kv, loop_id)
+        token, value = self.token, self.value
+        taken = await self._create(kv, loop_id, token, value)
         if taken is None:
             return None
         revision, taken_from = taken
+        if token != self.token:
+            # The connection dropped meanwhile: the token the key names answers no more, so any
+            # replica may take it now. Not held; let it go (the item comes back).
+            with contextlib.suppress(Exception):
+                await kv.delete(loop_id, last=revision)
+            return None
         lease = Lease(
             kv=kv,
             key=loop_id,
-            value=self.value,
+            value=value,
             revision=revision,
             taken_from=taken_from,
             ttl=self.ttl,
@@ -232,18 +267,18 @@ class Leases:
                     tg.start_soon(check, kv, key[len(prefix) :])
         return sorted(found)
 
-    async def _create(self, kv: KeyValue, loop_id: str) -> tuple[int, bytes] | None:
+    async def _create(self, kv: KeyValue, loop_id: str, token: str, value: bytes) -> tuple[int, bytes] | None:
         """(revision, the value of the holder it was taken over from, or b"")."""
         try:
-            return int(await kv.create(loop_id, self.value)), b""
+            return int(await kv.create(loop_id, value)), b""
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
         except nats.js.errors.APIError as e:
             if e.err_code not in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_INFLIGHT):
                 raise
-        return await self._take_over(kv, loop_id)
+        return await self._take_over(kv, loop_id, token, value)
 
-    async def _take_over(self, kv: KeyValue, loop_id: str) -> tuple[int, bytes] | None:
+    async def _take_over(self, kv: KeyValue, loop_id: str, token: str, value: bytes) -> tuple[int, bytes] | None:
         """Take the key from a holder whose connection is gone; None if it is alive (or unknown).
         (The drive says so in its log, once it knows the turn it takes up.)"""
         try:
@@ -251,12 +286,12 @@ class Leases:
         except nats.js.errors.KeyNotFoundError:
             return None  # just expired or released: the next delivery creates it
         holder = (entry.value or b"").split(b" ", 1)[0].decode(errors="replace")
-        if holder == self.token or not holder or entry.revision is None:
+        if holder == token or not holder or entry.revision is None:
             return None  # another drive in this process holds it
         if not await is_gone(self.nc, self.names.lease_holder(holder), timeout=PING_SECONDS):
             return None  # alive, or stopped or busy: its key expires by itself
         try:
-            revision = int(await kv.update(loop_id, self.value, last=entry.revision))
+            revision = int(await kv.update(loop_id, value, last=entry.revision))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError):
             return None  # another replica was faster, or the key expired meanwhile
         metrics.inc(metrics.LEASE_TAKEOVERS)

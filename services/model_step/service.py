@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 
 from services.lifecycle import close_quietly, let_go
 from services.model_step.driver import LoopDriver
-from services.model_step.lease import Lease, LeaseLost, Leases, keep
+from services.model_step.lease import CONNECTION_LOST, Lease, LeaseLost, Leases, keep
 from services.model_step.live import LiveOutbox
 from services.model_step.models import resolve_model
 from services.model_step.slots import Slot, SlotPool
@@ -119,6 +119,7 @@ class ModelStepService:
         self.settings = settings
         self.names = settings.names
         self._leases: Leases | None = None
+        self._pullers: list[WorkPuller] = []
         self._models: dict[str, Any] = {}
         self._pool = SlotPool(settings.model_step_concurrency, settings.model_step_waiting)
         self._tick = work_ack_wait(settings) / 4
@@ -134,7 +135,7 @@ class ModelStepService:
         shards = served_shards(names, settings.shards_served)
         nc = await connect(settings, name="model-step", disconnected_cb=self._on_disconnect)
         registry = ToolRegistry(nc, names, replicas=settings.replicas)
-        pullers = [WorkPuller(nc, names, k) for k in shards]
+        pullers = self._pullers = [WorkPuller(nc, names, k) for k in shards]
         try:
             buckets = await _start_up(nc.jetstream(), settings, registry, shards)
             leases = self._leases = Leases(nc, buckets, names, settings.lease_ttl_seconds)
@@ -179,7 +180,9 @@ class ModelStepService:
     async def _on_disconnect(self) -> None:
         # Other replicas may take our loops over as soon as our connection is gone (see lease.py).
         if self._leases is not None:
-            self._leases.give_up_all("given up: the NATS connection was lost")
+            await self._leases.connection_lost()
+        for puller in self._pullers:
+            puller.connection_lost()
 
     def _model_for(self, spec: str) -> Any:
         if spec not in self._models:
@@ -339,6 +342,11 @@ class ModelStepService:
             except LeaseLost:
                 log.info("loop %s: stopped driving (lease no longer held)", loop_id, extra={"loop_id": loop_id})
             tg.cancel_scope.cancel()
+        if not acked and lease.why == CONNECTION_LOST:
+            # The item comes back at once (the nak leaves with the reconnect), not after the ack
+            # wait: the lease is free for any replica to take now (see lease.py).
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await msg.nak()
         if acked:
             # With the item acked, the last look is all that backs work that came in during the
             # drive. It only reads and signals, so neither a lost lease (a JetStream outage can

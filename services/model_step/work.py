@@ -8,7 +8,10 @@ Pulls are made here rather than with nats-py's ``fetch``: a fetch that times out
 leaves its pull request waiting on the server, which may later deliver an item nobody asked for
 (held, unacknowledged, by a replica with no free slot). Here a waiting pull ends only on the
 server's own answer (an item, or its 408/404 status), and a top-up pull never waits (``no_wait``),
-so a replica holds at most as many items as it asked for.
+so a replica holds at most as many items as it asked for. A pull waiting when the connection drops
+ends at once (:meth:`WorkPuller.connection_lost`): the server forgets a pull request whose reply
+subject lost its interest, so its answer would never come, and the next pull goes out with the
+reconnect.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+import anyio
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -68,6 +72,7 @@ class WorkPuller:
         self._next = f"{js_api('CONSUMER.MSG.NEXT', names.work_stream_of(shard))}.{names.work_consumer}"
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._waiting: anyio.CancelScope | None = None  # the wait for a pull's answer, while one waits
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
@@ -100,20 +105,31 @@ class WorkPuller:
         if len(out) >= batch:
             return out
         await self.nc.publish(self._next, json.dumps(req).encode(), reply=self._inbox)
-        limit = time.monotonic() + wait + _ANSWER_GRACE_SECONDS
+        with anyio.CancelScope() as self._waiting:
+            await self._answer(self._sub, out, batch, wait + _ANSWER_GRACE_SECONDS)
+        self._waiting = None
+        return out
+
+    async def _answer(self, sub: Subscription, out: list[Msg], batch: int, patience: float) -> None:
+        """Take the items of one pull into ``out`` until its batch is full or the server ends it."""
+        limit = time.monotonic() + patience
         while len(out) < batch:
             try:
-                m = await self._sub.next_msg(timeout=max(0.01, limit - time.monotonic()))
+                m = await sub.next_msg(timeout=max(0.01, limit - time.monotonic()))
             except nats.errors.TimeoutError:
-                log.warning("no answer to a work pull within %gs", wait + _ANSWER_GRACE_SECONDS)
-                break
+                log.warning("no answer to a work pull within %gs", patience)
+                return
             status = self._status(m)
             if status == _HEARTBEAT_STATUS:
                 continue
             if status:
-                break  # 404 no items, 408 expired, 409 and the like: this request is over
+                return  # 404 no items, 408 expired, 409 and the like: this request is over
             out.append(m)
-        return out
+
+    def connection_lost(self) -> None:
+        """The connection dropped: the pull waiting now gets no answer (see the module docstring)."""
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     def _status(self, m: Msg) -> str:
         """The status of a message the server sent about a pull (items arrive on their own subject)."""
