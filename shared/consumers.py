@@ -37,8 +37,9 @@ def setup_deadline() -> float:
 
 async def answered(what: str, ask: Callable[[], Awaitable[T]], *, deadline: float | None = None) -> T:
     """``await ask()``, asked again while JetStream cannot answer until ``deadline`` (default: from
-    now, CONSUMER_SETUP_SECONDS); then :class:`JetStreamUnavailableError` ("cannot ``what``: why").
+    now, CONSUMER_SETUP_SECONDS); then :class:`JetStreamUnavailableError` ("cannot ``what``: ...").
     Any other error is raised as itself at once."""
+    started = anyio.current_time()
     backoff = Backoff(0.2, 2.0, deadline=setup_deadline() if deadline is None else deadline)
     while True:
         try:
@@ -47,7 +48,10 @@ async def answered(what: str, ask: Callable[[], Awaitable[T]], *, deadline: floa
             if not is_transient_setup_error(e):
                 raise
             if not backoff.fits():
-                raise JetStreamUnavailableError(f"cannot {what}: {describe_api_error(e)}") from e
+                waited = anyio.current_time() - started
+                raise JetStreamUnavailableError(
+                    f"cannot {what}: JetStream did not answer for {waited:.0f} s ({describe_api_error(e)})"
+                ) from e
             log.info("%s: JetStream did not answer (%s); asking again", what, describe_api_error(e))
             await backoff.sleep()
 
