@@ -10,12 +10,17 @@ A connection that comes back after it was lost (a NATS restart, a network cut) i
 where each stream left off: the server may have forgotten the consumers (an ordered consumer is
 ephemeral), so each stream is subscribed again from the sequence after its last record handed
 over, never a record twice and none left out; ``on_resume`` is told (``loopwire tail`` says so).
+
+Starting, each stream's state and consumer are asked for again while JetStream does not answer
+(it elects leaders after a node went away), for up to 30 s in all
+(:mod:`shared.consumers`); then :class:`shared.jserrors.JetStreamUnavailableError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -24,11 +29,12 @@ from typing import Any, Final
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
 
 from shared import layout
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
+from shared.consumers import answered, ordered_consumer, setup_deadline
 from shared.events import Event
+from shared.jserrors import JetStreamUnavailableError
 from shared.shards import HistoryStream, history_streams
 from shared.subjects import Names
 
@@ -91,11 +97,18 @@ class Follower:
         return {s.h.shard: s.last for s in self._streams}
 
     async def start(self) -> None:
-        """Subscribe to every stream (raises, subscribing to none, if one cannot be read)."""
+        """Subscribe to every stream (raises, subscribing to none, if one cannot be read).
+
+        While JetStream does not answer (it elects leaders after a node went away) each request is
+        asked again, for up to :data:`shared.consumers.CONSUMER_SETUP_SECONDS` in all; then
+        :class:`shared.jserrors.JetStreamUnavailableError`.
+        """
         js = self._nc.jetstream()
+        deadline = setup_deadline()
         streams = []
         for h in history_streams(self._names):
-            last = (await js.stream_info(h.stream)).state.last_seq
+            info = await answered(f"read {h.stream}", functools.partial(js.stream_info, h.stream), deadline=deadline)
+            last = info.state.last_seq
             # Nothing to catch up to when following only new records or starting after the last one.
             target = 0 if self._from is None or self._from > last else last
             s = _Stream(h, target)
@@ -105,7 +118,7 @@ class Follower:
         reconnects = self._nc.stats["reconnects"]
         try:
             for s in streams:
-                await self._subscribe(s)
+                await self._subscribe(s, deadline)
                 self._streams.append(s)
         except BaseException:
             await self.stop()
@@ -113,17 +126,10 @@ class Follower:
         self._check_caught_up()  # (after every subscription: a caught-up follower is always following)
         self._watch = asyncio.create_task(self._follow_on_after_reconnects(reconnects))
 
-    async def _subscribe(self, s: _Stream) -> None:
+    async def _subscribe(self, s: _Stream, deadline: float | None = None) -> None:
         """An ordered consumer on ``s`` from the record after its last one handed over."""
-        if s.last:
-            config = api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=s.last + 1, inactive_threshold=30.0
-            )
-        else:
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, inactive_threshold=30.0)
-        js = self._nc.jetstream()
-        s.sub = await js.subscribe(
-            s.h.subjects, stream=s.h.stream, ordered_consumer=True, cb=self._handler(s), config=config
+        s.sub = await ordered_consumer(
+            self._nc, s.h.stream, s.h.subjects, s.last + 1, self._handler(s), deadline=deadline
         )
 
     async def _follow_on_after_reconnects(self, seen: int) -> None:
@@ -148,8 +154,8 @@ class Follower:
             try:
                 await self._subscribe(s)
                 return
-            except (nats.errors.Error, TimeoutError):
-                # JetStream may still be recovering its streams after a restart.
+            except (nats.errors.Error, TimeoutError, JetStreamUnavailableError):
+                # JetStream may still be recovering its streams after a restart: asked again until it answers.
                 if self._nc.is_closed:
                     raise
                 await asyncio.sleep(RETRY_SECONDS)
@@ -204,7 +210,8 @@ async def follow_all(
     After a lost connection came back every stream is followed on where it left off, then
     ``on_resume(follower)`` is awaited (:attr:`Follower.positions` says where).
     The shards followed are the deployment's (read from it), whatever count ``names`` has.
-    Stop with :meth:`Follower.stop` or ``async with await follow_all(...)``.
+    Stop with :meth:`Follower.stop` or ``async with await follow_all(...)``. Raises
+    :class:`shared.jserrors.JetStreamUnavailableError` when JetStream does not answer (see :meth:`Follower.start`).
     """
     follower = Follower(nc, await layout.names_of(nc, names), cb, from_seq=from_seq, on_resume=on_resume)
     await follower.start()

@@ -13,38 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Final
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
-from nats.js.client import JetStreamContext
 
 from shared import layout, shards
-from shared.backoff import Backoff
 from shared.codec import DEFAULT_MAX_RECORD_BYTES, decode_event
+from shared.consumers import ordered_consumer
 from shared.errors import InvalidEventError, Rule
 from shared.events import Event
 from shared.history import LoopHistory
 from shared.jserrors import JetStreamUnavailableError
 from shared.settings import Settings
 from shared.streamreads import direct_get_batch, get_msg, subjects
-from shared.streams import describe_api_error, is_transient_setup_error
 from shared.subjects import DEFAULT_NAMES, Names
 from shared.validate import is_uuid
 
 DIRECT_BATCH: Final = 1000  # records read with one Direct Get before switching to a consumer
 IDLE_TIMEOUT: Final = 10.0
-# JetStream elects new leaders within seconds of a node going away; until then making a consumer
-# goes unanswered (or is refused as unavailable).
-CONSUMER_SETUP_SECONDS: Final = 30.0
 QUEUE_LIMIT: Final = 4096
-
-log = logging.getLogger("loopwire.replay")
 
 
 def _names(settings: Settings | None, names: Names | None) -> Names:
@@ -123,7 +114,7 @@ async def _consume(
         arrived.set()
 
     subject = home.subject
-    sub = await _ordered_consumer(nc, home, last + 1, on_msg)
+    sub = await ordered_consumer(nc, home.stream, subject, last + 1, on_msg)
     try:
         while True:
             if not pending:
@@ -150,32 +141,6 @@ async def _consume(
     finally:
         with contextlib.suppress(nats.errors.Error, asyncio.CancelledError):
             await sub.unsubscribe()
-
-
-async def _ordered_consumer(
-    nc: NATS, home: shards.Home, start_seq: int, cb: Callable[[Msg], Awaitable[None]]
-) -> JetStreamContext.PushSubscription:
-    """An ordered consumer of ``home`` from ``start_seq``; asked for again while JetStream cannot
-    answer (its leaders are being elected after a node went away), for up to CONSUMER_SETUP_SECONDS."""
-    js = nc.jetstream()
-    backoff = Backoff(0.2, 2.0, within=CONSUMER_SETUP_SECONDS)
-    while True:
-        # A fresh config (so a fresh delivery inbox) each time: a consumer made by a request whose
-        # answer was lost delivers to an inbox nobody reads, and goes after its inactive threshold.
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start_seq,
-            inactive_threshold=30.0,
-        )
-        try:
-            return await js.subscribe(home.subject, stream=home.stream, ordered_consumer=True, cb=cb, config=config)
-        except Exception as e:
-            if not is_transient_setup_error(e):
-                raise
-            if not backoff.fits():
-                raise JetStreamUnavailableError(f"cannot follow {home.subject}: {describe_api_error(e)}") from e
-            log.info("following %s: JetStream did not answer (%s); asking again", home.subject, describe_api_error(e))
-            await backoff.sleep()
 
 
 async def load(

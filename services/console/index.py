@@ -21,6 +21,7 @@ from services.console.rules import LoopSummary
 from shared import shards
 from shared.errors import LoopwireError
 from shared.follow import Follower, Record
+from shared.jserrors import JetStreamUnavailableError
 from shared.settings import Settings
 from shared.streamreads import get_msg
 
@@ -49,7 +50,8 @@ class LoopIndex:
             try:
                 await self._follower.start()
                 break
-            except (nats.js.errors.NotFoundError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            # No stream yet, or JetStream did not answer within start()'s own bound: the console waits on.
+            except (nats.js.errors.NotFoundError, JetStreamUnavailableError):
                 await asyncio.sleep(RETRY_SECONDS)
         self._following = True
 
