@@ -10,6 +10,8 @@ Tests that kill or restart servers always use the venv binary.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,3 +77,26 @@ async def create_deployment(settings: Settings) -> None:
         await ensure_all(nc.jetstream(timeout=10), settings)
     finally:
         await nc.close()
+
+
+class Freeze:
+    """Stops a server (SIGSTOP) for some seconds, as a stalled node or an election does to the
+    requests made meanwhile; :attr:`back` is set once it runs again. :meth:`thaw_at_end` is for a
+    fixture's teardown: the server runs again whatever the test did."""
+
+    def __init__(self, server: NatsServer) -> None:
+        self.server = server
+        self.back = threading.Event()
+
+    def now(self, seconds: float) -> None:
+        self.server.signal(signal.SIGSTOP)
+
+        def thaw() -> None:
+            self.server.signal(signal.SIGCONT)
+            self.back.set()
+
+        threading.Timer(seconds, thaw).start()
+
+    def thaw_at_end(self, seconds: float) -> None:
+        self.back.wait(seconds + 5)
+        self.server.signal(signal.SIGCONT)

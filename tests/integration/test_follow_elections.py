@@ -5,8 +5,6 @@ the bound it ends with :class:`JetStreamUnavailableError`, following nothing."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,28 +23,12 @@ from shared.settings import Settings
 from shared.subjects import Names
 from tests import natsfixtures
 from tests.integration.committer_fixtures import loop_started, new_id
+from tests.natsfixtures import Freeze
 
 # Longer than a JetStream API request's timeout (5 s): the request made while frozen goes unanswered.
 SILENT_SECONDS = 7.0
 SHARDS = 2
 LOOPS = 6
-
-
-class Freeze:
-    """Stops the server (SIGSTOP) for ``seconds``; :attr:`back` is set once it runs again."""
-
-    def __init__(self, server: NatsServer) -> None:
-        self.server = server
-        self.back = threading.Event()
-
-    def now(self, seconds: float) -> None:
-        self.server.signal(signal.SIGSTOP)
-
-        def thaw() -> None:
-            self.server.signal(signal.SIGCONT)
-            self.back.set()
-
-        threading.Timer(seconds, thaw).start()
 
 
 @pytest.fixture
@@ -55,8 +37,7 @@ def freeze(nats_server: NatsServer) -> Iterator[Freeze]:
     try:
         yield f
     finally:
-        f.back.wait(SILENT_SECONDS + 5)
-        nats_server.signal(signal.SIGCONT)
+        f.thaw_at_end(SILENT_SECONDS)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ node died): making the follow's consumer is asked again until it is made, bounde
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from shared.streamreads import DirectBatch
 from shared.turns import follow
 from tests import natsfixtures
 from tests.integration.committer_fixtures import loop_started, new_id
+from tests.natsfixtures import Freeze
 
 # Longer than a JetStream API request's timeout (5 s): the consumer's first request goes unanswered.
 SILENT_SECONDS = 7.0
@@ -29,25 +29,18 @@ SILENT_SECONDS = 7.0
 def frozen_after_first_read(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """The server stops (SIGSTOP) right after replay's first read, for SILENT_SECONDS; set once back."""
     real = streamreads.direct_get_batch
-    back = threading.Event()
+    freeze = Freeze(nats_server)
 
     async def read_then_freeze(*args: Any, **kwargs: Any) -> DirectBatch:
         batch = await real(*args, **kwargs)
-        nats_server.signal(signal.SIGSTOP)
-
-        def thaw() -> None:
-            nats_server.signal(signal.SIGCONT)
-            back.set()
-
-        threading.Timer(SILENT_SECONDS, thaw).start()
+        freeze.now(SILENT_SECONDS)
         return batch
 
     monkeypatch.setattr("shared.replay.direct_get_batch", read_then_freeze)
     try:
-        yield back
+        yield freeze.back
     finally:
-        back.wait(SILENT_SECONDS + 5)
-        nats_server.signal(signal.SIGCONT)
+        freeze.thaw_at_end(SILENT_SECONDS)
 
 
 @pytest.mark.anyio
