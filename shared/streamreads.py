@@ -2,14 +2,16 @@
 
 * :func:`get_msg` - a **leader** read (``STREAM.MSG.GET``): read-after-write on R3 too;
 * :func:`direct_get_batch` - a batch of a subject's messages from any replica;
-* :func:`stream_messages`, :func:`subjects` - a stream's message count and its subjects' counts.
+* :func:`stream_messages`, :func:`subjects` - a stream's message count and its subjects' counts;
+* :func:`kv_removal` - whether a KV bucket's message removes its key.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 import nats.errors
@@ -20,6 +22,21 @@ from shared.connection import request_many
 from shared.jsapi import ApiErrorBody, js_request
 from shared.jserrors import ERR_NO_MESSAGE, ERR_STREAM_NOT_FOUND, JetStreamError, JetStreamUnavailableError
 from shared.subjects import H_LAST_SEQUENCE, H_MSG_ID, H_NUM_PENDING, H_SEQUENCE, H_STATUS, H_SUBJECT, js_api
+
+# How a KV message says it removes its key (the names nats-py gives them), and the reasons the
+# server gives on the markers it writes itself (TTL and age expiry, nats-server 2.11+).
+KV_DEL: Final = "DEL"
+KV_PURGE: Final = "PURGE"
+H_KV_OPERATION: Final = "KV-Operation"
+H_MARKER_REASON: Final = "Nats-Marker-Reason"
+_MARKER_OPERATIONS: Final = {"MaxAge": KV_PURGE, "Purge": KV_PURGE, "Remove": KV_DEL}
+
+
+def kv_removal(headers: Mapping[str, str] | None) -> str | None:
+    """:data:`KV_DEL` or :data:`KV_PURGE` when a KV message with these headers removes its key,
+    else None (it holds a value)."""
+    h = headers or {}
+    return h.get(H_KV_OPERATION) or _MARKER_OPERATIONS.get(h.get(H_MARKER_REASON, ""))
 
 
 @dataclass(slots=True)

@@ -23,13 +23,8 @@ from shared.subjects import Names, kv_stream
 REGISTRATION_TTL_SECONDS: Final = TOOLS_TTL_SECONDS
 REFRESH_SECONDS: Final = TOOLS_TTL_SECONDS / 3
 
-# How a KV message says it removes its key (the names nats-py gives them), and the server's
-# reasons on the markers it writes itself.
-KV_DEL: Final = "DEL"
-KV_PURGE: Final = "PURGE"
-_H_KV_OPERATION: Final = "KV-Operation"
-_H_MARKER_REASON: Final = "Nats-Marker-Reason"
-_MARKER_OPERATIONS: Final = {"MaxAge": KV_PURGE, "Purge": KV_PURGE, "Remove": KV_DEL}
+KV_DEL: Final = streamreads.KV_DEL
+KV_PURGE: Final = streamreads.KV_PURGE
 
 
 async def ensure_tools_bucket(js: JetStreamContext, names: Names, replicas: int = 1) -> KeyValue:
@@ -70,5 +65,4 @@ async def read_entry(nc: NATS, names: Names, key: str) -> StoredEntry | None:
     m = await streamreads.get_msg(nc, kv_stream(names.tools_bucket), last_by_subj=_subject_prefix(names) + key)
     if m is None:
         return None
-    op = m.headers.get(_H_KV_OPERATION) or _MARKER_OPERATIONS.get(m.headers.get(_H_MARKER_REASON, ""))
-    return StoredEntry(key=key, revision=m.seq, value=m.data, operation=op)
+    return StoredEntry(key=key, revision=m.seq, value=m.data, operation=streamreads.kv_removal(m.headers))

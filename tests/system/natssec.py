@@ -29,7 +29,17 @@ from shared.natsserver import NatsCluster
 ROOT = Path(__file__).resolve().parents[2]
 AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
 # The users of deploy/nats/auth.conf this suite uses (a tool's user is tool_<name>).
-USERS = ("committer", "model_step", "tool_calculator", "tool_clock", "tool_sleep", "mcp_time", "operator", "reader")
+USERS = (
+    "committer",
+    "model_step",
+    "tool_calculator",
+    "tool_clock",
+    "tool_sleep",
+    "tool_kv_memory",
+    "mcp_time",
+    "operator",
+    "reader",
+)
 
 
 def password_var(user: str) -> str:

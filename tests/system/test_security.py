@@ -24,9 +24,13 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.tools.builtins import BUILTINS
+from services.tools.sdk import ToolContext, invoke
 from services.toolwire.bucket import ensure_tools_bucket, read_entry, registration_key, tools_bucket_keys
+from services.toolwire.protocol import CallIds
 from services.toolwire.spec import Registration, ToolSpec
 from shared.connect import connect
+from shared.content import TextBlock
 from shared.natsserver import NatsServer
 from shared.publish import js_publish
 from shared.settings import Settings
@@ -172,6 +176,28 @@ async def test_every_tool_registry_reader_may_read_the_tools_bucket_directly(sc:
         await kv.delete(key)
     finally:
         await worker.close()
+
+
+async def test_the_kv_memory_worker_may_remember_recall_and_list_notes(sc: SecuredCluster) -> None:
+    """Its identity may write the memory bucket, read an entry and list a loop's keys (a headers-only
+    ordered consumer) on the R3 cluster."""
+    settings = as_user(sc, "tool_kv_memory")
+    nc = await connect(settings)
+    ctx = ToolContext(ids=CallIds(loop_id=str(uuid.uuid4())), nc=nc, settings=settings)
+
+    async def run(args: dict[str, str]) -> str:
+        r = await invoke(BUILTINS["kv_memory"], msgspec.json.encode(args), ctx)
+        out = "".join(b.text for b in r.blocks if isinstance(b, TextBlock))
+        assert not r.is_error, out
+        return out
+
+    try:
+        for key in ("b", "a"):
+            await run({"action": "remember", "key": key, "value": key * 3})
+        assert await run({"action": "recall", "key": "a"}) == "aaa"
+        assert await run({"action": "list"}) == "a\nb"
+    finally:
+        await nc.close()
 
 
 async def check_refused(sc: SecuredCluster, user: str, publish: list[str], subscribe: list[tuple[str, str]]) -> None:

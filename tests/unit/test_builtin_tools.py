@@ -17,6 +17,7 @@ from nats.aio.client import Client as NATS
 
 from services.tools.builtins import BUILTINS
 from services.tools.builtins.calculator import evaluate, format_number
+from services.tools.builtins.kv_memory import _encode_key
 from services.tools.sdk import ToolContext, invoke
 from services.toolwire.protocol import CallIds, ResultBody
 from services.toolwire.spec import KIND_USER_INPUT
@@ -290,3 +291,27 @@ async def test_kv_memory_per_loop(nc: NATS, settings: Settings) -> None:
         assert r.is_error and why in text(r), text(r)
     r = await run("kv_memory", {"action": "list"}, ToolContext(nc=nc, settings=settings))
     assert r.is_error and "loop id" in text(r)
+
+
+async def test_kv_memory_lists_a_note_at_once_after_remembering_it(nc: NATS, settings: Settings) -> None:
+    """A list right after a remember shows the note, every time: the server has sent it by then,
+    and the client may not have read it yet (nats-py's KV watch then says "nothing pending")."""
+    loop = str(uuid.uuid4())
+    ctx = ToolContext(ids=CallIds(loop_id=loop), nc=nc, settings=settings)
+    for i in range(60):
+        await run("kv_memory", {"action": "remember", "key": f"k{i:02d}", "value": "v"}, ctx)
+        listed = text(await run("kv_memory", {"action": "list"}, ctx)).split("\n")
+        assert listed == [f"k{j:02d}" for j in range(i + 1)], (i, listed)
+
+
+async def test_kv_memory_does_not_list_a_key_an_operator_removed(nc: NATS, settings: Settings) -> None:
+    loop = str(uuid.uuid4())
+    ctx = ToolContext(ids=CallIds(loop_id=loop), nc=nc, settings=settings)
+    for key in ("kept", "gone", "purged"):
+        await run("kv_memory", {"action": "remember", "key": key, "value": "v"}, ctx)
+    kv = await nc.jetstream().key_value(settings.names.memory_bucket)
+    await kv.delete(f"{loop}.{_encode_key('gone')}")
+    await kv.purge(f"{loop}.{_encode_key('purged')}")
+    assert text(await run("kv_memory", {"action": "list"}, ctx)) == "kept"
+    await kv.delete(f"{loop}.{_encode_key('kept')}")
+    assert text(await run("kv_memory", {"action": "list"}, ctx)) == "no notes yet"

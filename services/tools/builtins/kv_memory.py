@@ -12,18 +12,22 @@ import re
 from typing import Final, Literal
 
 import msgspec
-from nats.js import JetStreamContext
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.tools.sdk import ToolContext, ToolError, tool
+from shared.streamreads import kv_removal
 from shared.streams import ensure_kv
-from shared.subjects import Names
+from shared.subjects import Names, kv_stream
 
 MAX_KEY_CHARS: Final = 256
 MAX_VALUE_BYTES: Final = 64 * 1024
 MAX_LIST: Final = 1000
 _LOOP_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_LIST_IDLE_SECONDS: Final = 5.0
 
 
 class MemoryInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -47,18 +51,37 @@ def _decode_key(token: str) -> str:
     return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("utf-8", "replace")
 
 
-async def _keys(kv: KeyValue, loop_id: str) -> list[str]:
-    watcher = await kv.watch(f"{loop_id}.>", ignore_deletes=True, meta_only=True)
+async def _keys(nc: NATS, bucket: str, loop_id: str) -> list[str]:
+    """The loop's keys that hold a note: the last message of each of its subjects, headers only.
+
+    nats-py's ``KeyValue.watch`` says "nothing pending" when the server has sent every message but
+    the client has not read them yet, and a list made just after a remember came back empty. Here
+    the server's own count decides: it has neither sent nor holds a message only when there is none.
+    """
+    prefix = f"$KV.{bucket}.{loop_id}."
+    sub = await nc.jetstream().subscribe(
+        prefix + ">",
+        stream=kv_stream(bucket),
+        ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+        headers_only=True,
+        inactive_threshold=30.0,
+    )
     out: list[str] = []
     try:
-        async for entry in watcher:
-            if entry is None:
+        info = await sub.consumer_info()
+        if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
+            return out
+        while True:
+            msg = await sub.next_msg(timeout=_LIST_IDLE_SECONDS)
+            if kv_removal(msg.headers) is None:
+                out.append(_decode_key(msg.subject[len(prefix) :]))
+            if msg.metadata.num_pending == 0:
                 break
-            out.append(_decode_key(entry.key.split(".", 1)[1]))
-            if entry.delta == 0:
-                break
+    except nats.errors.TimeoutError:
+        raise ToolError(f"listing notes stalled: JetStream sent nothing for {_LIST_IDLE_SECONDS:g} s") from None
     finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+        await sub.unsubscribe()
     return sorted(out)
 
 
@@ -91,7 +114,7 @@ async def kv_memory(args: MemoryInput, ctx: ToolContext) -> str:
         except KeyNotFoundError:
             return f"nothing remembered under {args.key!r}"
         return (entry.value or b"").decode("utf-8", "replace")
-    keys = await _keys(kv, loop_id)
+    keys = await _keys(ctx.nc, ctx.settings.names.memory_bucket, loop_id)
     if not keys:
         return "no notes yet"
     shown = keys[:MAX_LIST]
