@@ -11,7 +11,9 @@ server's own answer (an item, or its 408/404 status), and a top-up pull never wa
 so a replica holds at most as many items as it asked for. A pull waiting when the connection drops
 ends at once (:meth:`WorkPuller.connection_lost`): the server forgets a pull request whose reply
 subject lost its interest, so its answer would never come, and the next pull goes out with the
-reconnect.
+reconnect. A waiting pull asks the server for idle heartbeats and ends when they stop: the consumer
+leader that held it is gone (its node died or stalls) while the connection still looks alive, and
+the next pull reaches the new leader instead of waiting out the whole expiry and a grace.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ from shared.subjects import H_STATUS, Names, js_api
 
 log = logging.getLogger("loopwire.model_step.work")
 
-# Extra time a waiting pull allows the server for its answer before giving up on the connection.
+# Extra time a pull allows the server for its answer past its expiry before giving it up.
 _ANSWER_GRACE_SECONDS: Final = 5.0
 _HEARTBEAT_STATUS: Final = "100"
+# A waiting pull's heartbeat is this fraction of its expiry (the server takes at most half), and the
+# pull is lost after this many heartbeats' worth of silence (one late beat is no loss).
+_HEARTBEATS_PER_WAIT: Final = 4
+_SILENT_BEATS: Final = 3
 
 
 def served_shards(names: Names, served: Sequence[int]) -> tuple[int, ...]:
@@ -92,8 +98,12 @@ class WorkPuller:
         """
         assert self._sub is not None, "start() first"
         req: dict[str, object] = {"batch": batch}
+        silence = wait + _ANSWER_GRACE_SECONDS
         if wait > 0:
+            beat = wait / _HEARTBEATS_PER_WAIT
             req["expires"] = int(wait * 1e9)
+            req["idle_heartbeat"] = int(beat * 1e9)
+            silence = beat * _SILENT_BEATS
         else:
             req["no_wait"] = True
         out: list[Msg] = []
@@ -106,18 +116,20 @@ class WorkPuller:
             return out
         await self.nc.publish(self._next, json.dumps(req).encode(), reply=self._inbox)
         with anyio.CancelScope() as self._waiting:
-            await self._answer(self._sub, out, batch, wait + _ANSWER_GRACE_SECONDS)
+            await self._answer(self._sub, out, batch, wait + _ANSWER_GRACE_SECONDS, silence)
         self._waiting = None
         return out
 
-    async def _answer(self, sub: Subscription, out: list[Msg], batch: int, patience: float) -> None:
-        """Take the items of one pull into ``out`` until its batch is full or the server ends it."""
+    async def _answer(self, sub: Subscription, out: list[Msg], batch: int, patience: float, silence: float) -> None:
+        """Take the items of one pull into ``out`` until its batch is full or the server ends it;
+        give it up after ``patience`` in all, or ``silence`` with nothing from the server."""
         limit = time.monotonic() + patience
         while len(out) < batch:
+            wait = min(silence, limit - time.monotonic())
             try:
-                m = await sub.next_msg(timeout=max(0.01, limit - time.monotonic()))
+                m = await sub.next_msg(timeout=max(0.01, wait))
             except nats.errors.TimeoutError:
-                log.warning("no answer to a work pull within %gs", patience)
+                log.warning("work pull of shard %d: the server said nothing for %.1fs; pulling again", self.shard, wait)
                 return
             status = self._status(m)
             if status == _HEARTBEAT_STATUS:

@@ -19,17 +19,24 @@ from services.model_step.service import ModelStepService
 from services.model_step.work import WorkPuller, consumer_config
 from services.reconcile import LostItems
 from shared.client import CommitClient, LoopClient
+from shared.connect import connect
 from shared.content import AIMessage, text_of, user_text
 from shared.events import LoopIdle, TurnDone, TurnStarted, make, new_id
+from shared.natsserver import NatsServer
 from shared.replay import load
 from shared.settings import Settings
 from shared.streamreads import get_msg
 from shared.streams import ensure_all
 from shared.worksignals import purge_work, signal_work
+from tests import natsfixtures
 from tests.integration.committer_fixtures import running_committer
+from tests.natsfixtures import Freeze
 from tests.syshelpers import wait_history, write_script
 
 pytestmark = pytest.mark.anyio
+
+# Well past a waiting pull's expiry (1 s): a pull without heartbeats waits until the server runs again.
+STALL_SECONDS = 4.0
 
 
 async def _pending(nc: NATS, settings: Settings, loop_id: str) -> int:
@@ -163,6 +170,43 @@ async def test_a_healthy_work_queue_has_no_lost_items(settings: Settings, nc: NA
         assert await lost.check() == []
     await held.nak()
     await puller.close()
+
+
+async def test_a_waiting_pull_whose_server_stalls_ends_within_a_second(nats_server: NatsServer) -> None:
+    """A waiting pull asks for idle heartbeats: when they stop (the consumer leader holding the pull
+    died or stalls, the connection not yet seen as lost) the pull ends and the next one goes out,
+    instead of waiting for its expiry plus a grace while the server said nothing."""
+    settings = Settings.from_env({}, nats_urls=(nats_server.url,), prefix=natsfixtures.unique_prefix())
+    names = settings.names
+    nc = await connect(settings)
+    freeze = Freeze(nats_server)
+    puller = WorkPuller(nc, names, 0)
+    try:
+        await ensure_all(nc.jetstream(timeout=10), settings)
+        await nc.jetstream().add_consumer(names.work_stream, consumer_config(names, 0, 30.0))
+        await puller.start()
+        assert await puller.pull(1, wait=1.0) == []  # heartbeats accepted; no items: the server's 408
+        took: list[float] = []
+
+        async def pull() -> None:
+            started = anyio.current_time()
+            assert await puller.pull(1, wait=1.0) == []
+            took.append(anyio.current_time() - started)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pull)
+            await anyio.sleep(0.1)  # the server holds the pull and beats
+            freeze.now(STALL_SECONDS)
+        # 3 heartbeats (0.25 s each) of silence, well before the server answers again.
+        assert 0.5 < took[0] < 1.5, took
+        freeze.thaw_at_end(STALL_SECONDS)
+        await signal_work(nc, names, new_id(), within=10)
+        [item] = await puller.pull(1, wait=1.0)  # the next pull is served once the server is back
+        await item.ack()
+    finally:
+        freeze.thaw_at_end(STALL_SECONDS)
+        await puller.close()
+        await nc.close()
 
 
 async def _wait_for_signal(nc: NATS, settings: Settings, loop_id: str, seconds: float) -> int:

@@ -11,7 +11,8 @@ loops run — and inputs arrive mid-turn and after turns — a seeded storm:
 Then, from the stored records and the ledger only: every record was appended right after the loop's
 previous one, no step id twice, every turn holds exactly its steps and ends once, every
 acknowledged input is consumed once, nothing is stuck, and no tool execution started after its step
-was committed. CI runs one short seed; ``--long`` (or ``LW_LONG=1``) runs several longer ones.
+was committed. CI runs one short seed; ``--long`` (or ``LW_LONG=1``) runs several longer ones;
+``LW_SHARDS=3`` runs them on a sharded deployment.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from tests.system.fleet import Fleet, fleet, sigcont, sigstop
 pytestmark = [pytest.mark.anyio, pytest.mark.system, pytest.mark.cluster, pytest.mark.timeout(1500)]
 
 CI_SEEDS = (int(os.environ.get("LW_CHAOS_SEED", "1")),)
+# LW_SHARDS=3 runs the storm on a sharded deployment (its leader stops hit every shard's history).
+CHAOS_SHARDS = int(os.environ.get("LW_SHARDS", "1"))
 LONG_SEEDS = (11, 12, 13, 14, 15)
 FINISH = {"kind": "finish", "finish_reason": "tool_use"}
 
@@ -157,7 +160,8 @@ async def storm(
             sigcont(victim)
         else:
             if rng.random() < 0.5:
-                node = await stream_leader(cluster, settings.names.history_stream_of(0))
+                shard = rng.choice(settings.names.shard_ids)
+                node = await stream_leader(cluster, settings.names.history_stream_of(shard))
                 t.leader_stops += 1
             else:
                 node = rng.choice([n for n in cluster.nodes if n.running])
@@ -268,7 +272,9 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
     rng = random.Random(seed)
     n_loops, storm_seconds = (24, 120.0) if long_run else (10, 40.0)
     ledger_file = new_ledger(work)
-    settings = Settings.from_env({}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3)
+    settings = Settings.from_env(
+        {}, nats_urls=tuple(cluster.urls), prefix=natsfixtures.unique_prefix(), replicas=3, shards=CHAOS_SHARDS
+    )
     model = write_model(work, chaos_script(turn_steps=6, turns=200), "chaos.json")
     tally = Tally()
     t0 = time.monotonic()
@@ -304,6 +310,7 @@ async def one_run(seed: int, cluster: NatsCluster, long_run: bool, work: Path) -
             await nc.close()
     return {
         "seed": seed,
+        "shards": settings.shards,
         "loops": n_loops,
         "steps_committed": steps_total,
         "seconds": round(time.monotonic() - t0, 1),
