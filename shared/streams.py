@@ -313,17 +313,17 @@ async def ensure_all(js: JetStreamContext, settings: Settings, *, wait_seconds: 
 
 
 # How long a service that serves a deployment but does not create it waits for one to appear: its
-# committer may be starting at the same moment (``loopwire up`` starts every process at once).
+# committer may be starting at the same moment (``loopwire up`` starts every process at once). A
+# service told to give up on NATS sooner (LW_CONNECT_SECONDS) gives up on the deployment as soon.
 DEPLOYMENT_WAIT_SECONDS: Final = 10.0
 
 
-async def require_deployment(
-    js: JetStreamContext, settings: Settings, *, wait_seconds: float = DEPLOYMENT_WAIT_SECONDS
-) -> None:
+async def require_deployment(js: JetStreamContext, settings: Settings, *, wait_seconds: float | None = None) -> None:
     """Check, creating nothing, that the server holds the deployment ``settings`` describe.
 
     For the services that serve a deployment without creating it (tool workers, MCP bridges,
-    sub-agents, the console): shard 0's history stream must exist (waited for ``wait_seconds``),
+    sub-agents, the console): shard 0's history stream must exist (waited for ``wait_seconds``,
+    by default DEPLOYMENT_WAIT_SECONDS or LW_CONNECT_SECONDS when shorter),
     else :class:`NoDeploymentError`; its shard count and replicas must be ``LW_SHARDS`` and
     ``LW_REPLICAS``, else :class:`IncompatibleConfigError` (a one-shard deployment may grow: its
     committer grows it). A server that cannot tell (a timeout, no permission to ask) is let be:
@@ -331,6 +331,8 @@ async def require_deployment(
     """
     name = settings.names.history_stream_of(0)
     where = ",".join(settings.nats_urls)
+    if wait_seconds is None:
+        wait_seconds = min(DEPLOYMENT_WAIT_SECONDS, settings.connect_seconds)
     backoff = Backoff(0.2, 0.5, within=wait_seconds)
     while True:
         try:

@@ -55,7 +55,7 @@ async def test_start_sees_deletions_and_then_follows_new_workers(nc: NATS, setti
 
 
 CHURN_TOOLS = 150
-CHURN_STARTS = 500
+CHURN_STARTS = 200
 
 
 async def test_a_registry_started_again_after_a_stop_loads_afresh(nc: NATS, settings: Settings) -> None:

@@ -98,7 +98,7 @@ async def test_a_deployment_grown_from_one_shard_keeps_its_loops_readable_and_dr
         for loop_id in (idle, parked):
             assert list(await _records_by_stream(nc, three, loop_id)) == [three.names.history_stream_of(0)]
         # New loops live in their own shards and run.
-        new = [str(uuid.uuid4()) for _ in range(9)]
+        new = list(itertools.chain(*loop_ids_per_shard(three.names, 3).values()))
         for loop_id in new:
             await lc.start(loop_id, model=chat)
             await lc.input(loop_id, "hi")
@@ -106,7 +106,6 @@ async def test_a_deployment_grown_from_one_shard_keeps_its_loops_readable_and_dr
             await wait_history(nc, three, loop_id, lambda h: h.idle and h.turns == 1)
             where = await _records_by_stream(nc, three, loop_id)
             assert list(where) == [three.names.history_stream_of(three.names.shard_of(loop_id))]
-        assert {three.names.shard_of(x) for x in new} == {0, 1, 2}  # nine loops reach every shard
         assert set(await loops(nc, three.names)) == {idle, parked, *new}
 
 

@@ -103,7 +103,8 @@ def test_the_readme_sharded_replicated_command_on_one_server_is_one_line(server:
 @pytest.mark.parametrize("kind", SERVING)
 def test_a_server_without_loopwire_is_refused_and_nothing_is_created(server: NatsServer, kind: str) -> None:
     prefix = natsfixtures.unique_prefix()
-    line = one_line(run(server, prefix, kind))
+    # How long it waits for a committer to create the deployment does not change the refusal.
+    line = one_line(run(server, prefix, kind, LW_CONNECT_SECONDS="1"))
     assert f"no loopwire deployment at {server.url} (no stream {prefix.upper()}_HISTORY; another LW_PREFIX?)" in line
     assert not {n for n in stream_names(server) if prefix in n or prefix.upper() in n}, stream_names(server)
 
