@@ -114,13 +114,15 @@ def system(
 ) -> Iterator[System]:
     with tempfile.TemporaryDirectory(prefix="lw-sys-") as d:
         s = System(settings, Deployment.for_settings(settings, Path(d), env=env))
-        with s.deployment.stopped_on_exit():
-            for _ in range(committers):
-                s.committer()
-            if tools:
-                s.tools(*tools)
-            for _ in range(model_steps):
-                s.model_step()
+        d = s.deployment
+        procs = [d.process("committer", service_command("committer")) for _ in range(committers)]
+        if tools:
+            procs.append(d.process("tools-" + "-".join(tools), tool_command(*tools)))
+        procs += [d.process("model-step", service_command("model-step")) for _ in range(model_steps)]
+        with d.stopped_on_exit():
+            # All at once, as ``loopwire up`` starts them: the others wait for the deployment the
+            # committer creates.
+            d.start_all(procs)
             yield s
 
 
